@@ -1,0 +1,85 @@
+// io::Storage: the host file (or stand-in) under an image.
+//
+// Every format driver reaches bytes only through this interface, so tests can
+// put the in-memory or the fault-injecting storage under the real driver.
+//
+// Contract for all implementations:
+//  - Thread safety: all methods may be called concurrently from any thread.
+//    Concurrent writes to overlapping ranges land in some order; callers
+//    (the format drivers) serialize those they care about.
+//  - ReadAt: bytes at or past Size() read as zeros (a sparse file's tail).
+//    A short read inside the file is retried; only real errors are returned.
+//  - WriteAt: extends the file when writing past its end.
+//  - Flush: every write that completed before Flush was called is durable
+//    when it returns OK (fdatasync).
+//  - Allocate: reserves host space for the range (fallocate mode 0) without
+//    changing what it reads as; kNotSupported where the host can't (NFS v3,
+//    some FUSE): callers fall back (see the preallocation modes).
+//  - PunchHole: after OK the range reads as zeros and, where the host
+//    allows, frees its space; never changes Size(). kNotSupported if the
+//    host can neither punch nor zero the range in place.
+//  - ZeroRange: after OK the range reads as zeros, space stays allocated
+//    where possible; falls back to writing zeros, so it is always supported.
+//  - Errors: Status::FromErrno codes (kIoError, kNoSpace, kNotSupported, ...).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "util/result.h"
+#include "util/status.h"
+
+namespace thindisk::io {
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+
+  virtual Status ReadAt(uint64_t offset, std::span<uint8_t> buf) = 0;
+  virtual Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) = 0;
+  virtual Status Flush() = 0;
+  virtual Result<uint64_t> Size() = 0;
+  // Truncates or extends; extended space reads as zeros.
+  virtual Status Resize(uint64_t size) = 0;
+  virtual Status Allocate(uint64_t offset, uint64_t length) = 0;
+  virtual Status PunchHole(uint64_t offset, uint64_t length) = 0;
+  virtual Status ZeroRange(uint64_t offset, uint64_t length) = 0;
+
+  // Where data lives, for sparse-aware readers (raw driver, convert):
+  // the first offset >= `offset` that holds data (SEEK_DATA) or a hole
+  // (SEEK_HOLE). Returns Size() when there is none. Implementations that
+  // cannot tell report everything as data.
+  virtual Result<uint64_t> NextData(uint64_t offset) = 0;
+  virtual Result<uint64_t> NextHole(uint64_t offset) = 0;
+
+  // Bytes the host has allocated for this storage (st_blocks * 512), for
+  // space accounting; 0 where unknown.
+  virtual Result<uint64_t> AllocatedBytes() = 0;
+
+  // Bytes handed to WriteAt/ZeroRange since creation (host write
+  // amplification figures). Punches and allocations do not count.
+  virtual uint64_t bytes_written() const = 0;
+
+  // A short human name for messages ("disk.qcow2", "memory").
+  virtual const std::string& name() const = 0;
+};
+
+enum class CacheMode {
+  kWriteback,  // page cache; Flush = fdatasync
+  kNone,       // O_DIRECT; Flush = fdatasync
+  kUnsafe,     // page cache; Flush does nothing (qemu's cache=unsafe)
+};
+
+struct OpenOptions {
+  bool read_only = false;
+  bool create = false;     // O_CREAT
+  bool exclusive = false;  // with create: O_EXCL
+  CacheMode cache = CacheMode::kWriteback;
+};
+
+// Opens a host file. Errors name the path ("disk.qcow2: No such file ...").
+Result<std::unique_ptr<Storage>> OpenFile(const std::string& path, const OpenOptions& options);
+
+}  // namespace thindisk::io

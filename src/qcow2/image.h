@@ -1,0 +1,88 @@
+// qcow2::Image: a qcow2 file as a block::Device.
+//
+// Opening: Image::Open decodes and validates the header, loads the L1 table
+// and refcount table, and opens the backing file (if any) through the
+// caller's BackingOpener (block/open.cc resolves names and limits depth).
+// An image with the corrupt bit opens read-only, with a warning naming why.
+// An image with the dirty bit (lazy refcounts) has its refcounts rebuilt on
+// a read-write open.
+//
+// Thread safety: all methods are safe for concurrent use (block::Device).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "block/device.h"
+#include "io/storage.h"
+#include "qcow2/format.h"
+#include "util/result.h"
+
+namespace thindisk::qcow2 {
+
+// Opens the backing image named in a header. `name` is as stored in the
+// image, `format` empty when the header has no backing format extension.
+using BackingOpener = std::function<Result<std::unique_ptr<block::Device>>(
+    const std::string& name, const std::string& format)>;
+
+struct OpenOptions {
+  bool read_only = false;
+  // Memory cap for the L2 and refcount caches together. The default covers
+  // the metadata of a multi-TiB image with 128 KiB clusters.
+  uint64_t cache_bytes = 64ull << 20;
+  BackingOpener open_backing;  // null: an image with a backing file fails to open
+  // Do not open the backing file even if the header names one (info, check,
+  // rebase -u): reads of unallocated ranges then return zeros.
+  bool no_backing = false;
+};
+
+class Image : public block::Device {
+ public:
+  static Result<std::unique_ptr<Image>> Open(std::unique_ptr<io::Storage> storage,
+                                             const OpenOptions& options);
+  ~Image() override;
+
+  // The decoded header as currently on disk.
+  virtual const Header& header() const = 0;
+  virtual io::Storage& storage() = 0;
+  virtual block::Device* backing() = 0;  // null when none or not opened
+
+  // Writes one whole cluster (offset cluster-aligned; data.size() ==
+  // cluster_size, or the tail of the image) compressed with the image's
+  // compression type, if that saves at least one 512-byte sector; otherwise
+  // stores it plainly. Used by convert -c.
+  virtual Status WriteCompressed(uint64_t offset, std::span<const uint8_t> data) = 0;
+
+ protected:
+  Image() = default;
+};
+
+enum class Preallocation { kOff, kMetadata, kFalloc, kFull };
+
+struct CreateOptions {
+  uint64_t size = 0;
+  uint32_t cluster_size = 128 * 1024;
+  bool extended_l2 = true;
+  Preallocation preallocation = Preallocation::kOff;
+  CompressionType compression_type = CompressionType::kZstd;
+  bool lazy_refcounts = false;
+  uint32_t refcount_bits = 16;
+  uint32_t version = 3;  // 2 = compat 0.10, 3 = compat 1.1
+  std::string backing_file;
+  std::string backing_format;
+};
+
+// Writes a new, empty qcow2 image onto `storage` (which must be empty).
+// Validates the options (kInvalidArgument with the reason: cluster size not a
+// power of two in [512, 2 MiB], extended_l2 with clusters < 16 KiB, zstd or
+// extended_l2 or lazy_refcounts with compat 0.10, refcount_bits not a power of
+// two <= 64 or != 16 with compat 0.10, ...). preallocation=falloc where the
+// host can't fallocate falls back to kFull-style zero writes and sets
+// *warning to say so (when warning is non-null).
+Status Create(io::Storage& storage, const CreateOptions& options, std::string* warning = nullptr);
+
+}  // namespace thindisk::qcow2
