@@ -1,0 +1,96 @@
+// PosixStorage: io::Storage over a host file or block device (io::OpenFile).
+//
+// I/O is synchronous pread/pwrite (retried on EINTR and short transfers).
+// Space operations map to fallocate(2), with honest fallbacks:
+//  - Allocate:  fallocate(0); kNotSupported where the filesystem can't.
+//  - PunchHole: PUNCH_HOLE|KEEP_SIZE, else ZERO_RANGE|KEEP_SIZE, else
+//               kNotSupported.
+//  - ZeroRange: ZERO_RANGE, else PUNCH_HOLE (+ extend), else writing zeros
+//               in bounded chunks; extends Size() like a write of zeros.
+//  - NextData/NextHole: lseek SEEK_DATA/SEEK_HOLE; filesystems without them
+//               report everything as data.
+//
+// CacheMode::kNone opens with O_DIRECT. Requests whose offset, length or
+// buffer address are not multiples of the device's logical block size
+// (BLKSSZGET on block devices, 4096 for files) are bounced through an aligned
+// buffer; partial blocks of a write are read-modify-written under a striped
+// lock so two concurrent RMWs of one block can't lose each other's bytes.
+// A filesystem that refuses O_DIRECT (e.g. tmpfs) fails OpenFile with
+// kNotSupported saying so; callers may retry with kWriteback.
+//
+// Thread safety: all methods may be called concurrently (see storage.h).
+// Errors carry the path: "disk.qcow2: pwrite: No space left on device".
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+
+#include "io/storage.h"
+
+namespace thindisk::io {
+
+class PosixStorage final : public Storage {
+ public:
+  // Takes ownership of `fd`. `direct` means fd has O_DIRECT and transfers
+  // must be aligned to `block_size` (a power of two).
+  PosixStorage(int fd, std::string path, const OpenOptions& options, bool direct,
+               uint32_t block_size, bool is_block_device);
+  ~PosixStorage() override;
+  PosixStorage(const PosixStorage&) = delete;
+  PosixStorage& operator=(const PosixStorage&) = delete;
+
+  Status ReadAt(uint64_t offset, std::span<uint8_t> buf) override;
+  Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) override;
+  Status Flush() override;
+  Result<uint64_t> Size() override;
+  Status Resize(uint64_t size) override;
+  Status Allocate(uint64_t offset, uint64_t length) override;
+  Status PunchHole(uint64_t offset, uint64_t length) override;
+  Status ZeroRange(uint64_t offset, uint64_t length) override;
+  Result<uint64_t> NextData(uint64_t offset) override;
+  Result<uint64_t> NextHole(uint64_t offset) override;
+  Result<uint64_t> AllocatedBytes() override;
+  uint64_t bytes_written() const override { return bytes_written_.load(); }
+  const std::string& name() const override { return path_; }
+
+  bool direct() const { return direct_; }
+  uint32_t block_size() const { return block_size_; }
+
+ private:
+  static constexpr size_t kStripes = 64;
+
+  Status Error(int e, const char* op) const;
+  Status CheckWritable() const;
+  // Plain loops: the caller guarantees alignment when direct_.
+  Status PreadFull(uint64_t offset, std::span<uint8_t> buf);
+  Status PwriteFull(uint64_t offset, std::span<const uint8_t> buf);
+  // O_DIRECT paths for requests that are not fully aligned.
+  Status DirectRead(uint64_t offset, std::span<uint8_t> buf);
+  Status DirectWrite(uint64_t offset, std::span<const uint8_t> buf);
+  // Read-modify-write of the single block at `block_offset`, replacing
+  // `data` at `in_block`. Takes the block's stripe lock.
+  Status RmwBlock(uint64_t block_offset, size_t in_block, std::span<const uint8_t> data);
+  Status WriteZeros(uint64_t offset, uint64_t length);
+  Result<uint64_t> Seek(uint64_t offset, int whence);
+
+  const int fd_;
+  const std::string path_;
+  const bool read_only_;
+  const CacheMode cache_;
+  const bool direct_;
+  const uint32_t block_size_;
+  const bool is_block_device_;
+  std::atomic<uint64_t> bytes_written_{0};
+  // Serializes RMWs that touch the same block (block index % kStripes).
+  std::array<std::mutex, kStripes> stripes_;
+  // Held by direct writes whose block-rounded end passes EOF: they write a
+  // whole block and then trim the file back to the requested end.
+  std::mutex extend_mu_;
+};
+
+}  // namespace thindisk::io
