@@ -20,7 +20,7 @@ inline constexpr uint32_t kMagic = 0x514649fb;  // 'Q' 'F' 'I' 0xfb
 inline constexpr uint32_t kMinClusterBits = 9;   // spec: cluster_bits >= 9 (512 B)
 inline constexpr uint32_t kMaxClusterBits = 21;  // spec: QEMU supports at most 2 MiB
 inline constexpr uint32_t kV2HeaderLength = 72;
-inline constexpr uint32_t kV3HeaderLength = 104;  // with compression_type + padding
+inline constexpr uint32_t kV3HeaderLength = 104;  // v3 fields up to header_length; compression_type follows when longer
 inline constexpr uint32_t kMaxBackingFileSize = 1023;  // spec: must not exceed 1023 bytes
 // An L1 table larger than 32 MiB (4 Mi entries) is refused, as QEMU does: it
 // would need more memory than any sane image and is how hostile images try
