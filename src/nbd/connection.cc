@@ -1,0 +1,404 @@
+#include "nbd/connection.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <array>
+
+#include "nbd/fd_io.h"
+#include "util/endian.h"
+
+namespace thindisk::nbd {
+namespace {
+
+// Bounds on the work one READ or BLOCK_STATUS request may cause: how many
+// extents we ask the device for, and how many descriptors we send. Past
+// them a READ sends the rest as data and BLOCK_STATUS answers a prefix
+// (the spec allows both).
+constexpr size_t kMaxExtentLookups = 4096;
+constexpr size_t kMaxDescriptors = 1024;
+
+iovec Iov(const void* p, size_t n) { return iovec{const_cast<void*>(p), n}; }
+
+// One piece of a structured READ reply.
+struct Segment {
+  uint64_t offset;
+  uint32_t length;
+  bool hole;  // reads as zeros: sent as OFFSET_HOLE
+};
+
+// Splits [offset, offset + length) into data and zero runs, merging
+// neighbours of one kind. On a GetStatus error the rest is data, which is
+// always correct (the read then decides).
+std::vector<Segment> MapSegments(block::Device& dev, uint64_t offset, uint32_t length) {
+  std::vector<Segment> out;
+  const uint64_t end = offset + length;
+  uint64_t pos = offset;
+  for (size_t lookups = 0; pos < end; ++lookups) {
+    uint64_t len = end - pos;
+    bool hole = false;
+    if (lookups < kMaxExtentLookups) {
+      Result<block::Extent> e = dev.GetStatus(pos, end - pos);
+      if (e.has_value() && e->length > 0) {
+        len = std::min(e->length, end - pos);
+        hole = e->zero;
+      }
+    }
+    if (!out.empty() && out.back().hole == hole) {
+      out.back().length += uint32_t(len);
+    } else {
+      out.push_back({pos, uint32_t(len), hole});
+    }
+    pos += len;
+  }
+  return out;
+}
+
+uint32_t ContextFlags(uint32_t context_id, const block::Extent& e) {
+  if (context_id == kBaseAllocationContextId)
+    return (e.data ? 0 : kStateHole) | (e.zero ? kStateZero : 0);
+  // qemu:allocation-depth: 0 unallocated, else the layer's depth + 1.
+  return e.present ? e.depth + 1 : 0;
+}
+
+}  // namespace
+
+Connection::Connection(int in_fd, int out_fd, const std::vector<Export>* exports,
+                       WorkerPool* pool, int cancel_fd,
+                       const std::atomic<bool>* shutting_down, ConnectionOptions options)
+    : in_fd_(in_fd),
+      out_fd_(out_fd),
+      exports_(exports),
+      pool_(pool),
+      cancel_fd_(cancel_fd),
+      shutting_down_(shutting_down),
+      options_(std::move(options)) {}
+
+Status Connection::Run() {
+  Status s = Negotiate();
+  if (s.ok() && export_) {
+    writer_ = std::thread([this] { WriterLoop(); });
+    s = Transmit();
+  }
+  WaitIdle();
+  StopWriter();
+  if (!s.ok() && s.code() != Code::kNotFound)
+    Log("nbd: connection ended: " + s.message());
+  return s.code() == Code::kNotFound ? Status::Ok() : s;
+}
+
+void Connection::Log(const std::string& line) const {
+  if (options_.log) options_.log(line);
+}
+
+Status Connection::ReadInto(std::vector<uint8_t>* buf, size_t need) {
+  const size_t have = buf->size();
+  if (need <= have) return Status::Ok();
+  buf->resize(need);
+  return ReadExact(in_fd_, std::span<uint8_t>(*buf).subspan(have), cancel_fd_);
+}
+
+Status Connection::Negotiate() {
+  // 1. Greeting and client flags.
+  TD_RETURN_IF_ERROR(WriteAll(out_fd_, EncodeGreeting()));
+  std::vector<uint8_t> buf;
+  TD_RETURN_IF_ERROR(ReadInto(&buf, kClientFlagsSize));
+  TD_ASSIGN_OR_RETURN(Decoded<ClientFlags> flags, DecodeClientFlags(buf));
+  Negotiator negotiator(exports_, *flags.message, shutting_down_);
+  // 2. Options until one ends the haggling. The decoder says how many bytes
+  //    it needs; an oversize length is refused on the header alone.
+  for (;;) {
+    buf.clear();
+    Decoded<Option> d;
+    for (;;) {
+      Result<Decoded<Option>> r = DecodeOption(buf);
+      if (!r.has_value()) {
+        if (r.error().code() == Code::kOutOfRange && buf.size() >= kOptionHeaderSize) {
+          // Tell the client why, then hang up: skipping up to 4 GiB of
+          // option data for a client behaving like this is not worth it.
+          (void)WriteAll(out_fd_, EncodeOptionError(LoadBe32(buf.data() + 8),
+                                                    kRepErrTooBig, r.error().message()));
+        }
+        return r.error();
+      }
+      if (r->complete()) {
+        d = std::move(*r);
+        break;
+      }
+      TD_RETURN_IF_ERROR(ReadInto(&buf, r->need));
+    }
+    Negotiator::Step step = negotiator.Handle(*d.message);
+    if (!step.reply.empty()) TD_RETURN_IF_ERROR(WriteAll(out_fd_, step.reply));
+    if (step.next == Negotiator::Next::kClose)
+      return Status::NotFound("client ended negotiation");
+    if (step.next == Negotiator::Next::kTransmission) break;
+  }
+  // 3. Fix what transmission needs.
+  export_ = &negotiator.chosen_export();
+  structured_ = negotiator.structured_replies();
+  contexts_ = negotiator.meta_contexts();
+  request_context_.export_size = export_->device->size();
+  request_context_.read_only = export_->effective_read_only();
+  request_context_.transmission_flags = negotiator.transmission_flags();
+  request_context_.structured_replies = structured_;
+  request_context_.has_meta_contexts = contexts_.any();
+  return Status::Ok();
+}
+
+Status Connection::Transmit() {
+  for (;;) {
+    // 1. Header: decoded, then validated once, here.
+    std::vector<uint8_t> buf;
+    Result<Decoded<Request>> d = DecodeRequest(buf);
+    while (d.has_value() && !d->complete()) {
+      TD_RETURN_IF_ERROR(ReadInto(&buf, d->need));
+      d = DecodeRequest(buf);
+    }
+    if (!d.has_value()) return d.error();  // bad magic: the stream is lost
+    const Request req = *d->message;
+    if (req.type == kCmdDisc) return Status::NotFound("client disconnected");
+    Verdict v = ValidateRequest(req, request_context_);
+    const uint32_t wire_payload = WirePayloadLength(req);
+    if (!v.ok()) {
+      // 2a. Invalid: skip its payload to stay in sync, answer, go on.
+      TD_RETURN_IF_ERROR(Skip(in_fd_, wire_payload, cancel_fd_));
+      Admit(0);
+      Enqueue(ErrorReply(req, v.error, v.message), 0);
+      continue;
+    }
+    // 2b. Valid: wait for room, read the payload, hand it to a worker.
+    const size_t cost = Cost(req);
+    Admit(cost);
+    std::vector<uint8_t> payload;
+    Status s = ReadInto(&payload, wire_payload);
+    if (!s.ok()) {
+      Release(cost);
+      return s.code() == Code::kNotFound
+                 ? Status(Code::kIoError, "client vanished mid-request")
+                 : s;
+    }
+    pool_->Submit([this, req, cost, p = std::move(payload)]() mutable {
+      Enqueue(Execute(req, std::move(p)), cost);
+    });
+  }
+}
+
+size_t Connection::Cost(const Request& r) const {
+  return (r.type == kCmdRead || r.type == kCmdWrite) ? r.length : 0;
+}
+
+void Connection::Admit(size_t cost) {
+  std::unique_lock<std::mutex> lock(flow_mu_);
+  flow_cv_.wait(lock, [&] {
+    if (inflight_requests_ >= options_.max_inflight_requests) return false;
+    return inflight_bytes_ == 0 || inflight_bytes_ + cost <= options_.max_inflight_bytes;
+  });
+  inflight_bytes_ += cost;
+  ++inflight_requests_;
+}
+
+void Connection::Release(size_t cost) {
+  std::lock_guard<std::mutex> lock(flow_mu_);  // notify under it, as in Enqueue
+  inflight_bytes_ -= cost;
+  --inflight_requests_;
+  flow_cv_.notify_all();
+}
+
+void Connection::WaitIdle() {
+  std::unique_lock<std::mutex> lock(flow_mu_);
+  flow_cv_.wait(lock, [&] { return inflight_requests_ == 0; });
+}
+
+OutgoingReply Connection::Execute(const Request& r, std::vector<uint8_t> payload) {
+  if (r.type == kCmdRead) return ExecuteRead(r);
+  if (r.type == kCmdBlockStatus) return ExecuteBlockStatus(r);
+  Status s = ExecuteSimple(r, payload);
+  return s.ok() ? OkReply(r) : ErrorReply(r, NbdErrorFromStatus(s), s.message());
+}
+
+Status Connection::ExecuteSimple(const Request& r, std::span<const uint8_t> payload) {
+  block::Device& dev = *export_->device;
+  const bool fua = r.flags & kCmdFlagFua;
+  switch (r.type) {
+    case kCmdWrite:
+      return dev.Write(r.offset, payload, block::WriteFlags{fua});
+    case kCmdFlush:
+      return dev.Flush();
+    case kCmdTrim:
+      TD_RETURN_IF_ERROR(dev.Discard(r.offset, r.length));
+      return fua ? dev.Flush() : Status::Ok();
+    case kCmdWriteZeroes: {
+      block::ZeroFlags zf;
+      zf.may_unmap = !(r.flags & kCmdFlagNoHole);
+      zf.fast_only = r.flags & kCmdFlagFastZero;
+      zf.fua = fua;
+      return dev.WriteZeroes(r.offset, r.length, zf);
+    }
+    case kCmdCache:
+      return Status::Ok();  // a hint; the device caches what it needs
+    default:
+      return Status::Internal("unexpected command after validation");
+  }
+}
+
+OutgoingReply Connection::ExecuteRead(const Request& r) {
+  block::Device& dev = *export_->device;
+  OutgoingReply reply;
+  // Simple replies, or DF: one piece of data, holes included as zeros.
+  if (!structured_ || (r.flags & kCmdFlagDf)) {
+    std::vector<uint8_t> data(r.length);
+    Status s = dev.Read(r.offset, data);
+    if (!s.ok()) return ErrorReply(r, NbdErrorFromStatus(s), s.message());
+    if (structured_) {
+      reply.AddHead(EncodeOffsetDataHeader(kReplyFlagDone, r.handle, r.offset, r.length));
+    } else {
+      reply.AddHead(EncodeSimpleReply(r.handle, 0));
+    }
+    reply.AddData(0, r.length);
+    reply.SetData(std::move(data));
+    return reply;
+  }
+  // Structured: zero runs become OFFSET_HOLE chunks. All data is read before
+  // anything is queued, so the reply is all-or-error and the last chunk can
+  // carry DONE.
+  std::vector<Segment> segments = MapSegments(dev, r.offset, r.length);
+  const bool any_data = std::any_of(segments.begin(), segments.end(),
+                                    [](const Segment& seg) { return !seg.hole; });
+  std::vector<uint8_t> data(any_data ? r.length : 0);  // all holes: nothing to buffer
+  for (const Segment& seg : segments) {
+    if (seg.hole) continue;
+    Status s = dev.Read(
+        seg.offset, std::span<uint8_t>(data).subspan(seg.offset - r.offset, seg.length));
+    if (!s.ok()) return ErrorReply(r, NbdErrorFromStatus(s), s.message());
+  }
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& seg = segments[i];
+    const uint16_t flags = i + 1 == segments.size() ? kReplyFlagDone : 0;
+    if (seg.hole) {
+      reply.AddHead(EncodeOffsetHole(flags, r.handle, seg.offset, seg.length));
+    } else {
+      reply.AddHead(EncodeOffsetDataHeader(flags, r.handle, seg.offset, seg.length));
+      reply.AddData(seg.offset - r.offset, seg.length);
+    }
+  }
+  reply.SetData(std::move(data));
+  return reply;
+}
+
+OutgoingReply Connection::ExecuteBlockStatus(const Request& r) {
+  block::Device& dev = *export_->device;
+  const size_t max_descriptors = (r.flags & kCmdFlagReqOne) ? 1 : kMaxDescriptors;
+  std::vector<uint32_t> ids;
+  if (contexts_.base_allocation) ids.push_back(kBaseAllocationContextId);
+  if (contexts_.allocation_depth) ids.push_back(kAllocationDepthContextId);
+  OutgoingReply reply;
+  for (size_t c = 0; c < ids.size(); ++c) {
+    std::vector<BlockDescriptor> descriptors;
+    const uint64_t end = r.offset + r.length;
+    uint64_t pos = r.offset;
+    for (size_t lookups = 0; pos < end && lookups < kMaxExtentLookups; ++lookups) {
+      Result<block::Extent> e = dev.GetStatus(pos, end - pos);
+      if (!e.has_value() || e->length == 0) {
+        if (descriptors.empty()) {
+          Status s = e.has_value() ? Status::Internal("empty extent") : e.error();
+          return ErrorReply(r, NbdErrorFromStatus(s), s.message());
+        }
+        break;  // answer the prefix we have
+      }
+      const uint32_t len = uint32_t(std::min(e->length, end - pos));
+      const uint32_t flags = ContextFlags(ids[c], *e);
+      if (!descriptors.empty() && descriptors.back().status == flags) {
+        descriptors.back().length += len;
+      } else if (descriptors.size() < max_descriptors) {
+        descriptors.push_back({len, flags});
+      } else {
+        break;
+      }
+      pos += len;
+    }
+    const uint16_t done = c + 1 == ids.size() ? kReplyFlagDone : 0;
+    reply.AddHead(EncodeBlockStatus(done, r.handle, ids[c], descriptors));
+  }
+  return reply;
+}
+
+OutgoingReply Connection::OkReply(const Request& r) const {
+  OutgoingReply reply;
+  reply.AddHead(EncodeSimpleReply(r.handle, 0));
+  return reply;
+}
+
+OutgoingReply Connection::ErrorReply(const Request& r, uint32_t error,
+                                     std::string_view message) const {
+  OutgoingReply reply;
+  // With structured replies, errors go in an error chunk with a message for
+  // humans (and a READ must never get a simple reply).
+  if (structured_) {
+    reply.AddHead(EncodeErrorChunk(kReplyFlagDone, r.handle, error, message));
+  } else {
+    reply.AddHead(EncodeSimpleReply(r.handle, error));
+  }
+  return reply;
+}
+
+void Connection::Enqueue(OutgoingReply reply, size_t cost) {
+  // Notify under the lock: once the writer sends this reply, Run() may
+  // return and destroy the connection, so this worker must be done with
+  // write_cv_ before the writer can see the reply.
+  std::lock_guard<std::mutex> lock(write_mu_);
+  replies_.emplace_back(std::move(reply), cost);
+  write_cv_.notify_one();
+}
+
+void Connection::WriterLoop() {
+  for (;;) {
+    std::deque<std::pair<OutgoingReply, size_t>> batch;
+    {
+      std::unique_lock<std::mutex> lock(write_mu_);
+      write_cv_.wait(lock, [&] { return writer_stop_ || !replies_.empty(); });
+      if (replies_.empty()) return;  // stopping, and nothing is owed
+      batch.swap(replies_);
+    }
+    // Everything that piled up goes out in one writev.
+    std::vector<iovec> iov;
+    for (const auto& [reply, cost] : batch) reply.AppendIovecs(&iov);
+    if (!write_failed_) {
+      Status s = WriteAllV(out_fd_, iov);
+      if (!s.ok()) {
+        write_failed_ = true;
+        Log("nbd: cannot send reply: " + s.message());
+        // Wake the reader if out_fd_ is a socket: there is no one to answer.
+        (void)shutdown(out_fd_, SHUT_RDWR);
+      }
+    }
+    for (const auto& [reply, cost] : batch) Release(cost);
+  }
+}
+
+void Connection::StopWriter() {
+  if (!writer_.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    writer_stop_ = true;
+  }
+  write_cv_.notify_one();
+  writer_.join();
+}
+
+void OutgoingReply::AddHead(std::span<const uint8_t> bytes) {
+  pieces_.push_back({false, head_.size(), bytes.size()});
+  head_.insert(head_.end(), bytes.begin(), bytes.end());
+}
+
+void OutgoingReply::AddData(size_t offset, size_t length) {
+  pieces_.push_back({true, offset, length});
+}
+
+void OutgoingReply::AppendIovecs(std::vector<iovec>* out) const {
+  for (const Piece& p : pieces_) {
+    const uint8_t* base = p.in_data ? data_.data() : head_.data();
+    out->push_back(Iov(base + p.offset, p.length));
+  }
+}
+
+}  // namespace thindisk::nbd

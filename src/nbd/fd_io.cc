@@ -1,0 +1,114 @@
+#include "nbd/fd_io.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <vector>
+
+namespace thindisk::nbd {
+namespace {
+
+// Waits until `fd` is readable (OK) or `cancel_fd` is (kBusy).
+Status WaitReadable(int fd, int cancel_fd) {
+  if (cancel_fd < 0) return Status::Ok();
+  pollfd fds[2] = {{fd, POLLIN, 0}, {cancel_fd, POLLIN, 0}};
+  for (;;) {
+    int n = poll(fds, 2, -1);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Status::FromErrno(errno, "poll");
+    }
+    if (fds[1].revents) return Status::Busy("cancelled");
+    if (fds[0].revents) return Status::Ok();
+  }
+}
+
+}  // namespace
+
+Status ReadExact(int fd, std::span<uint8_t> buf, int cancel_fd) {
+  size_t done = 0;
+  while (done < buf.size()) {
+    TD_RETURN_IF_ERROR(WaitReadable(fd, cancel_fd));
+    ssize_t n = read(fd, buf.data() + done, buf.size() - done);
+    if (n < 0) {
+      // EAGAIN after poll said readable is spurious; without a cancel fd it
+      // is a receive timeout (SO_RCVTIMEO) and ends the wait.
+      if (errno == EINTR || (errno == EAGAIN && cancel_fd >= 0)) continue;
+      return Status::FromErrno(errno, "read");
+    }
+    if (n == 0) {
+      if (done == 0) return Status::NotFound("end of stream");
+      return Status(Code::kIoError, "connection closed mid-message");
+    }
+    done += size_t(n);
+  }
+  return Status::Ok();
+}
+
+Status Skip(int fd, uint64_t length, int cancel_fd) {
+  uint8_t scratch[64 * 1024];
+  while (length > 0) {
+    size_t n = size_t(std::min<uint64_t>(length, sizeof scratch));
+    Status s = ReadExact(fd, std::span<uint8_t>(scratch, n), cancel_fd);
+    if (!s.ok()) {
+      return s.code() == Code::kNotFound
+                 ? Status(Code::kIoError, "connection closed mid-message")
+                 : s;
+    }
+    length -= n;
+  }
+  return Status::Ok();
+}
+
+Status WriteAllV(int fd, std::span<const iovec> iov_in) {
+  std::vector<iovec> iov(iov_in.begin(), iov_in.end());
+  size_t first = 0;
+  bool is_socket = true;
+  while (first < iov.size()) {
+    if (iov[first].iov_len == 0) {
+      ++first;
+      continue;
+    }
+    // IOV_MAX is at least 1024 on Linux; replies use a handful of pieces.
+    const int count = int(std::min<size_t>(iov.size() - first, 1024));
+    ssize_t n;
+    if (is_socket) {
+      msghdr msg{};
+      msg.msg_iov = &iov[first];
+      msg.msg_iovlen = size_t(count);
+      n = sendmsg(fd, &msg, MSG_NOSIGNAL);
+      if (n < 0 && errno == ENOTSOCK) {
+        is_socket = false;
+        continue;
+      }
+    } else {
+      n = writev(fd, &iov[first], count);
+    }
+    if (n < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return Status::FromErrno(errno, "write");
+    }
+    size_t left = size_t(n);
+    while (left > 0 && first < iov.size()) {
+      if (left >= iov[first].iov_len) {
+        left -= iov[first].iov_len;
+        ++first;
+      } else {
+        iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + left;
+        iov[first].iov_len -= left;
+        left = 0;
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status WriteAll(int fd, std::span<const uint8_t> buf) {
+  iovec iov{const_cast<uint8_t*>(buf.data()), buf.size()};
+  return WriteAllV(fd, std::span<const iovec>(&iov, 1));
+}
+
+}  // namespace thindisk::nbd

@@ -1,0 +1,35 @@
+// Blocking whole-buffer reads and writes on a file descriptor (socket, pipe
+// or stdio), interruptible by a cancel descriptor.
+//
+// A connection is a pair of descriptors, so the same code serves sockets,
+// stdin/stdout and socket-activated listeners. Writes to sockets use
+// MSG_NOSIGNAL so a vanished client is an error, not a SIGPIPE.
+//
+// Thread safety: plain functions; concurrent writers on one fd must hold a
+// lock of their own (replies must not interleave).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <span>
+
+#include "util/status.h"
+
+namespace thindisk::nbd {
+
+// Reads exactly buf.size() bytes. Returns kNotFound on end of file before
+// the first byte (the peer closed cleanly), kIoError on a short stream or a
+// read error, and kBusy ("cancelled") when `cancel_fd` (if >= 0) becomes
+// readable while waiting.
+Status ReadExact(int fd, std::span<uint8_t> buf, int cancel_fd = -1);
+
+// Reads and drops `length` bytes through a small buffer: skipping the
+// payload of a rejected WRITE costs no memory.
+Status Skip(int fd, uint64_t length, int cancel_fd = -1);
+
+// Writes every byte of every iovec, resuming after partial writes.
+Status WriteAllV(int fd, std::span<const iovec> iov);
+Status WriteAll(int fd, std::span<const uint8_t> buf);
+
+}  // namespace thindisk::nbd

@@ -1,0 +1,114 @@
+#include "nbd/listener.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace thindisk::nbd {
+namespace {
+
+// Pending connections the kernel queues before accept().
+constexpr int kBacklog = 128;
+
+}  // namespace
+
+Result<int> ListenUnix(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof addr.sun_path)
+    return Status::InvalidArgument("unix socket path must be 1.." +
+                                   std::to_string(sizeof addr.sun_path - 1) +
+                                   " bytes: " + path);
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  struct stat st;
+  if (lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return Status::Busy(path + " exists and is not a socket");
+    unlink(path.c_str());  // a stale socket from an earlier server
+  }
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::FromErrno(errno, "socket");
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 ||
+      listen(fd, kBacklog) < 0) {
+    int e = errno;
+    close(fd);
+    return Status::FromErrno(e, "listen on " + path);
+  }
+  return fd;
+}
+
+Result<int> ListenTcp(const std::string& host, uint16_t port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* list = nullptr;
+  const std::string service = std::to_string(port);
+  int rc =
+      getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &list);
+  if (rc != 0)
+    return Status::InvalidArgument("cannot resolve " + host + ": " + gai_strerror(rc));
+  Status last = Status::NotFound("no address for " + host);
+  int fd = -1;
+  for (addrinfo* ai = list; ai && fd < 0; ai = ai->ai_next) {
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) {
+      last = Status::FromErrno(errno, "socket");
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, kBacklog) < 0) {
+      last = Status::FromErrno(errno, "listen on " + host + ":" + service);
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(list);
+  if (fd < 0) return last;
+  return fd;
+}
+
+Result<uint16_t> BoundPort(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) < 0)
+    return Status::FromErrno(errno, "getsockname");
+  if (ss.ss_family == AF_INET)
+    return uint16_t(ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port));
+  if (ss.ss_family == AF_INET6)
+    return uint16_t(ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port));
+  return Status::InvalidArgument("not a TCP socket");
+}
+
+Result<std::vector<int>> SocketActivationFds() {
+  // sd_listen_fds(3): descriptors start at 3 (SD_LISTEN_FDS_START).
+  constexpr int kFirstFd = 3;
+  std::vector<int> fds;
+  const char* pid = getenv("LISTEN_PID");
+  const char* count = getenv("LISTEN_FDS");
+  if (!pid || !count) return fds;
+  char* end = nullptr;
+  const long listen_pid = strtol(pid, &end, 10);
+  if (*end != '\0' || listen_pid != long(getpid())) return fds;
+  const long n = strtol(count, &end, 10);
+  if (*end != '\0' || n < 1 || n > 64)
+    return Status::InvalidArgument(std::string("bad LISTEN_FDS: ") + count);
+  unsetenv("LISTEN_PID");
+  unsetenv("LISTEN_FDS");
+  unsetenv("LISTEN_FDNAMES");
+  for (int fd = kFirstFd; fd < kFirstFd + n; ++fd) {
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    fds.push_back(fd);
+  }
+  return fds;
+}
+
+}  // namespace thindisk::nbd

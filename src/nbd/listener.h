@@ -1,0 +1,33 @@
+// Listening sockets for the NBD server: Unix, TCP, and systemd-style socket
+// activation. Each returns a listening descriptor (close-on-exec) that the
+// caller owns.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "util/result.h"
+
+namespace thindisk::nbd {
+
+// The IANA port for NBD.
+inline constexpr uint16_t kDefaultNbdPort = 10809;
+
+// Binds and listens on a Unix socket at `path`. A stale socket file at the
+// path is replaced; any other existing file is an error (kBusy).
+Result<int> ListenUnix(const std::string& path);
+
+// Binds and listens on every address `host` resolves to, returning the
+// first that works (port 0: the kernel picks; see BoundPort).
+Result<int> ListenTcp(const std::string& host, uint16_t port);
+
+// The local port a TCP listener is bound to.
+Result<uint16_t> BoundPort(int fd);
+
+// Socket activation: when LISTEN_PID is this process, the LISTEN_FDS
+// descriptors starting at 3. Empty when the process was not activated.
+// Clears the variables so child processes do not inherit them.
+Result<std::vector<int>> SocketActivationFds();
+
+}  // namespace thindisk::nbd

@@ -1,0 +1,80 @@
+// Negotiator: the server's side of fixed-newstyle option haggling, as a
+// state machine over decoded options. No sockets: it is handed an Option
+// (handshake_codec.h) and answers with the bytes to send and what happens
+// next, so every option path is unit-testable.
+//
+// Policy:
+//  - NBD_OPT_EXPORT_NAME / NBD_OPT_GO pick an export; "" picks the export
+//    named "" or, failing that, the first export. An unknown name fails GO
+//    and INFO with NBD_REP_ERR_UNKNOWN and ends the session on EXPORT_NAME
+//    (which cannot report errors).
+//  - NBD_REP_INFO always carries NBD_INFO_EXPORT and NBD_INFO_BLOCK_SIZE
+//    (minimum 1, preferred = the device's, maximum kMaxPayloadLength); NAME
+//    and DESCRIPTION when asked for.
+//  - Metadata contexts "base:allocation" and "qemu:allocation-depth"; LIST
+//    also accepts the namespace queries "base:" and "qemu:"; SET needs exact
+//    names. Both need NBD_OPT_STRUCTURED_REPLY first (else ERR_INVALID).
+//  - NBD_OPT_STARTTLS and every unknown option: NBD_REP_ERR_UNSUP.
+//  - While the server shuts down, every option but ABORT gets
+//    NBD_REP_ERR_SHUTDOWN.
+//
+// Thread safety: one Negotiator per connection, used by one thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nbd/export.h"
+#include "nbd/handshake_codec.h"
+
+namespace thindisk::nbd {
+
+// Context ids are fixed per server: the spec only asks that they be unique
+// within a connection.
+inline constexpr uint32_t kBaseAllocationContextId = 1;
+inline constexpr uint32_t kAllocationDepthContextId = 2;
+
+struct MetaContexts {
+  bool base_allocation = false;
+  bool allocation_depth = false;
+  bool any() const { return base_allocation || allocation_depth; }
+};
+
+class Negotiator {
+ public:
+  enum class Next { kContinue, kTransmission, kClose };
+  struct Step {
+    Bytes reply;  // send this (may be empty)
+    Next next = Next::kContinue;
+  };
+
+  // `exports` and `shutting_down` must outlive the Negotiator.
+  Negotiator(const std::vector<Export>* exports, ClientFlags client_flags,
+             const std::atomic<bool>* shutting_down);
+
+  Step Handle(const Option& option);
+
+  // Valid after a Step with Next::kTransmission.
+  const Export& chosen_export() const { return *chosen_; }
+  bool structured_replies() const { return structured_replies_; }
+  MetaContexts meta_contexts() const { return contexts_; }
+  uint16_t transmission_flags() const;
+
+ private:
+  const Export* Find(const std::string& name) const;
+  Step HandleInfoOrGo(const Option& option);
+  Step HandleMetaContext(const Option& option);
+  Step HandleList(const Option& option);
+
+  const std::vector<Export>* exports_;
+  ClientFlags client_flags_;
+  const std::atomic<bool>* shutting_down_;
+  const Export* chosen_ = nullptr;
+  bool structured_replies_ = false;
+  MetaContexts contexts_;
+  const Export* contexts_for_ = nullptr;  // the export SET_META_CONTEXT selected for
+};
+
+}  // namespace thindisk::nbd

@@ -1,0 +1,306 @@
+#include "nbd/server.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <set>
+
+#include "nbd/listener.h"
+
+namespace thindisk::nbd {
+namespace {
+
+void Signal(int event_fd) {
+  uint64_t one = 1;
+  // Async-signal-safe; a full counter (impossible here) would still leave
+  // the fd readable, which is all the pollers look at.
+  ssize_t n = write(event_fd, &one, sizeof one);
+  (void)n;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::Create(std::vector<Export> exports,
+                                               ServerOptions options) {
+  if (exports.empty()) return Status::InvalidArgument("no exports to serve");
+  std::set<std::string> names;
+  for (const Export& e : exports) {
+    if (!e.device)
+      return Status::InvalidArgument("export '" + e.name + "' has no device");
+    if (e.name.size() > kMaxStringLength)
+      return Status::InvalidArgument("export name longer than 4096 bytes");
+    if (!names.insert(e.name).second)
+      return Status::InvalidArgument("two exports named '" + e.name + "'");
+  }
+  int shutdown_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  int reap_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (shutdown_fd < 0 || reap_fd < 0) {
+    int e = errno;
+    if (shutdown_fd >= 0) close(shutdown_fd);
+    if (reap_fd >= 0) close(reap_fd);
+    return Status::FromErrno(e, "eventfd");
+  }
+  return std::unique_ptr<Server>(
+      new Server(std::move(exports), std::move(options), shutdown_fd, reap_fd));
+}
+
+Server::Server(std::vector<Export> exports, ServerOptions options, int shutdown_fd,
+               int reap_fd)
+    : exports_(std::move(exports)),
+      options_(std::move(options)),
+      shutdown_fd_(shutdown_fd),
+      reap_fd_(reap_fd),
+      pool_(options_.threads) {}
+
+Server::~Server() {
+  RequestShutdown();
+  ReapFinished(/*all=*/true);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Listener& l : listeners_) {
+    close(l.fd);
+    if (!l.unix_path.empty()) unlink(l.unix_path.c_str());
+  }
+  close(shutdown_fd_);
+  close(reap_fd_);
+}
+
+Status Server::ListenUnix(const std::string& path) {
+  TD_ASSIGN_OR_RETURN(int fd, nbd::ListenUnix(path));
+  std::lock_guard<std::mutex> lock(mu_);
+  listeners_.push_back({fd, path});
+  return Status::Ok();
+}
+
+Status Server::ListenTcp(const std::string& host, uint16_t port) {
+  TD_ASSIGN_OR_RETURN(int fd, nbd::ListenTcp(host, port));
+  Result<uint16_t> bound = BoundPort(fd);
+  if (bound.has_value()) tcp_port_ = *bound;
+  std::lock_guard<std::mutex> lock(mu_);
+  listeners_.push_back({fd, ""});
+  return Status::Ok();
+}
+
+Status Server::AdoptListener(int fd) {
+  if (fd < 0) return Status::InvalidArgument("bad listener fd");
+  std::lock_guard<std::mutex> lock(mu_);
+  listeners_.push_back({fd, ""});
+  return Status::Ok();
+}
+
+void Server::AddConnection(int in_fd, int out_fd, bool owns_fds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++connections_started_;
+  connections_.emplace_back();
+  ConnectionThread* self = &connections_.back();  // std::list: stable address
+  self->in_fd = in_fd;
+  self->out_fd = out_fd;
+  self->thread = std::thread([this, self, in_fd, out_fd, owns_fds] {
+    {
+      Connection conn(in_fd, out_fd, &exports_, &pool_, shutdown_fd_, &shutting_down_,
+                      options_.connection);
+      (void)conn.Run();  // it logs why it ended
+    }
+    {
+      // Closed under mu_ together with `done`, so DrainConnections never
+      // shuts down a descriptor number that has been reused.
+      std::lock_guard<std::mutex> l(mu_);
+      if (owns_fds) {
+        close(in_fd);
+        if (out_fd != in_fd) close(out_fd);
+      }
+      self->done = true;
+    }
+    Signal(reap_fd_);
+  });
+}
+
+void Server::AcceptFrom(int listen_fd) {
+  int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd < 0) {
+    // EAGAIN/ECONNABORTED: the client left already; EMFILE etc.: keep
+    // serving the clients we have rather than exit.
+    if (options_.connection.log && errno != EAGAIN && errno != ECONNABORTED)
+      options_.connection.log("nbd: accept: " +
+                              Status::FromErrno(errno, "accept").message());
+    return;
+  }
+  AddConnection(fd, fd, /*owns_fds=*/true);
+}
+
+void Server::ReapFinished(bool all) {
+  std::list<ConnectionThread> finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      auto next = std::next(it);
+      if (all || it->done) finished.splice(finished.end(), connections_, it);
+      it = next;
+    }
+  }
+  for (ConnectionThread& c : finished) c.thread.join();
+}
+
+Status Server::Run() {
+  bool first_done = false;
+  for (;;) {
+    // 1. Decide whether to go on.
+    std::vector<pollfd> fds = {{shutdown_fd_, POLLIN, 0}, {reap_fd_, POLLIN, 0}};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const bool idle = connections_.empty();
+      first_done = first_done || (connections_started_ > 0 && idle);
+      if (shutting_down_.load()) break;
+      if (listeners_.empty() && idle) break;
+      if (options_.once && first_done) break;
+      for (const Listener& l : listeners_) fds.push_back({l.fd, POLLIN, 0});
+    }
+    // 2. Wait for a client, a finished connection or shutdown.
+    if (poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR)
+      return Status::FromErrno(errno, "poll");
+    if (fds[0].revents) break;
+    if (fds[1].revents) {
+      uint64_t count;
+      ssize_t n = read(reap_fd_, &count, sizeof count);
+      (void)n;
+      ReapFinished(/*all=*/false);
+    }
+    for (size_t i = 2; i < fds.size(); ++i)
+      if (fds[i].revents & POLLIN) AcceptFrom(fds[i].fd);
+  }
+  // 3. Shut down: stop accepting, make connections stop reading (they poll
+  //    shutdown_fd_), wait for their in-flight requests, flush.
+  RequestShutdown();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Listener& l : listeners_) {
+      close(l.fd);
+      if (!l.unix_path.empty()) unlink(l.unix_path.c_str());
+    }
+    listeners_.clear();
+  }
+  DrainConnections();
+  ReapFinished(/*all=*/true);
+  return FlushExports();
+}
+
+void Server::DrainConnections() {
+  const auto deadline = std::chrono::steady_clock::now() + options_.drain_timeout;
+  for (;;) {
+    ReapFinished(/*all=*/false);
+    const auto now = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (connections_.empty()) return;
+      if (now >= deadline) {
+        for (const ConnectionThread& c : connections_) {
+          if (c.done) continue;
+          (void)shutdown(c.in_fd, SHUT_RDWR);  // ENOTSOCK for pipes: nothing to cut
+          (void)shutdown(c.out_fd, SHUT_RDWR);
+        }
+        return;
+      }
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    pollfd p = {reap_fd_, POLLIN, 0};
+    if (poll(&p, 1, int(std::min<int64_t>(left.count() + 1, 1000))) > 0) {
+      uint64_t count;
+      ssize_t n = read(reap_fd_, &count, sizeof count);
+      (void)n;
+    }
+  }
+}
+
+void Server::RequestShutdown() {
+  shutting_down_.store(true);
+  Signal(shutdown_fd_);
+}
+
+Status Server::FlushExports() {
+  Status first;
+  std::set<const block::Device*> flushed;
+  for (const Export& e : exports_) {
+    if (!flushed.insert(e.device.get()).second) continue;
+    Status s = e.device->Flush();
+    if (!s.ok() && first.ok()) first = s.WithContext("flush export '" + e.name + "'");
+  }
+  return first;
+}
+
+// ---- RunServer ----
+
+namespace {
+
+std::atomic<Server*> g_signal_target{nullptr};
+
+void OnShutdownSignal(int) {
+  Server* s = g_signal_target.load();
+  if (s) s->RequestShutdown();
+}
+
+// Installs the SIGINT/SIGTERM handlers and ignores SIGPIPE for its
+// lifetime, restoring what was there before.
+class SignalScope {
+ public:
+  SignalScope(Server* server, bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    g_signal_target.store(server);
+    struct sigaction sa {};
+    sa.sa_handler = OnShutdownSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+    struct sigaction ign {};
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &old_pipe_);
+  }
+  ~SignalScope() {
+    if (!enabled_) return;
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGPIPE, &old_pipe_, nullptr);
+    g_signal_target.store(nullptr);
+  }
+
+ private:
+  bool enabled_;
+  struct sigaction old_int_ {
+  }, old_term_{}, old_pipe_{};
+};
+
+}  // namespace
+
+Status RunServer(const ServeOptions& options, std::vector<Export> exports) {
+  ServerOptions so;
+  so.threads = options.threads;
+  so.once = options.once;
+  so.connection.max_inflight_bytes = options.max_inflight_bytes;
+  so.connection.log = options.log;
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<Server> server,
+                      Server::Create(std::move(exports), so));
+  const bool any = !options.unix_socket.empty() || options.tcp || options.stdio ||
+                   options.socket_activation;
+  if (!options.unix_socket.empty())
+    TD_RETURN_IF_ERROR(server->ListenUnix(options.unix_socket));
+  if (options.tcp || !any)
+    TD_RETURN_IF_ERROR(server->ListenTcp(options.tcp_host, options.tcp_port));
+  if (options.socket_activation) {
+    TD_ASSIGN_OR_RETURN(std::vector<int> fds, SocketActivationFds());
+    if (fds.empty())
+      return Status::InvalidArgument("socket activation: LISTEN_FDS is not set");
+    for (int fd : fds) TD_RETURN_IF_ERROR(server->AdoptListener(fd));
+  }
+  SignalScope signals(server.get(), options.handle_signals);
+  if (options.stdio)
+    server->AddConnection(STDIN_FILENO, STDOUT_FILENO, /*owns_fds=*/false);
+  if (options.on_ready) options.on_ready(*server);
+  return server->Run();
+}
+
+}  // namespace thindisk::nbd
