@@ -1,0 +1,144 @@
+#include "qcow2/allocator.h"
+
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "io/memory_storage.h"
+#include "qcow2/image.h"
+
+namespace thindisk::qcow2 {
+namespace {
+
+struct Fixture {
+  std::unique_ptr<io::MemoryStorage> storage;
+  Header header;
+  std::unique_ptr<Allocator> alloc;
+};
+
+Fixture Make(uint32_t cluster, uint32_t refcount_bits, size_t cache_tables = 16) {
+  Fixture f;
+  f.storage = io::NewMemoryStorage();
+  CreateOptions o;
+  o.size = 64 << 20;
+  o.cluster_size = cluster;
+  o.extended_l2 = false;
+  o.refcount_bits = refcount_bits;
+  EXPECT_TRUE(Create(*f.storage, o).ok());
+  uint64_t size = *f.storage->Size();
+  std::vector<uint8_t> head(std::min<uint64_t>(size, 2 << 20));
+  EXPECT_TRUE(f.storage->ReadAt(0, head).ok());
+  auto h = DecodeHeader(head, size);
+  EXPECT_TRUE(h.has_value());
+  f.header = *h;
+  auto a = Allocator::Open(*f.storage, f.header, size, cache_tables, nullptr);
+  EXPECT_TRUE(a.has_value()) << a.status().ToString();
+  f.alloc = std::move(*a);
+  return f;
+}
+
+TEST(AllocatorTest, FirstAllocationIsFreshSpacePastTheFile) {
+  auto f = Make(65536, 16);
+  uint64_t file_size = *f.storage->Size();
+  auto a = f.alloc->AllocateClusters(2);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_GE(a->offset, file_size);
+  EXPECT_TRUE(a->fresh);
+  EXPECT_EQ(*f.alloc->GetRefcount(a->offset), 1u);
+  EXPECT_EQ(*f.alloc->GetRefcount(a->offset + 65536), 1u);
+  EXPECT_EQ(*f.alloc->GetRefcount(0), 1u);  // the header cluster is in use
+}
+
+TEST(AllocatorTest, DeferredFreeIsNotReusedUntilApplied) {
+  auto f = Make(65536, 16);
+  auto a = f.alloc->AllocateClusters(1);
+  ASSERT_TRUE(a.has_value());
+  f.alloc->DeferFree(a->offset, 1);
+  auto b = f.alloc->AllocateClusters(1);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_NE(b->offset, a->offset);
+  EXPECT_EQ(*f.alloc->GetRefcount(a->offset), 1u);
+  std::vector<uint64_t> freed;
+  ASSERT_TRUE(f.alloc->ApplyFrees(f.alloc->TakeDeferredFrees(), &freed).ok());
+  EXPECT_EQ(freed, std::vector<uint64_t>{a->offset});
+  auto c = f.alloc->AllocateClusters(1);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->offset, a->offset);
+  EXPECT_FALSE(c->fresh);  // reused: may hold old bytes
+}
+
+TEST(AllocatorTest, GrowsBlocksAndTableWithoutDoubleAllocation) {
+  // 512-byte clusters, 64-bit refcounts: a block covers 64 clusters and a
+  // one-cluster table 64 blocks, so 6000 clusters need both to grow.
+  auto f = Make(512, 64, 4);
+  uint64_t table_before = f.alloc->table_offset();
+  std::set<uint64_t> seen;
+  for (int i = 0; i < 6000; ++i) {
+    auto a = f.alloc->AllocateClusters(1 + i % 3);
+    ASSERT_TRUE(a.has_value()) << a.status().ToString();
+    for (int k = 0; k < 1 + i % 3; ++k) {
+      EXPECT_TRUE(seen.insert(a->offset + k * 512).second) << "allocated twice";
+    }
+  }
+  EXPECT_TRUE(f.alloc->table_moved());
+  EXPECT_NE(f.alloc->table_offset(), table_before);
+  for (uint64_t off : seen) ASSERT_EQ(*f.alloc->GetRefcount(off), 1u);
+  // The new table and blocks never overlap allocated clusters.
+  uint64_t t = f.alloc->table_offset();
+  for (uint64_t k = 0; k < f.alloc->table_clusters(); ++k) {
+    EXPECT_EQ(seen.count(t + k * 512), 0u);
+    EXPECT_EQ(*f.alloc->GetRefcount(t + k * 512), 1u);
+  }
+  ASSERT_TRUE(f.alloc->WriteBlocks().ok());
+}
+
+TEST(AllocatorTest, CompressedBytesShareAClusterWithOneReferenceEach) {
+  auto f = Make(65536, 16);
+  auto a = f.alloc->AllocateBytes(1000);
+  auto b = f.alloc->AllocateBytes(2000);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(*b, *a + 1000);
+  EXPECT_EQ(*f.alloc->GetRefcount(*a), 2u);
+  auto c = f.alloc->AllocateBytes(65000);  // does not fit: new cluster
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(*c % 65536, 0u);
+  EXPECT_NE(*c / 65536, *a / 65536);
+}
+
+TEST(AllocatorTest, OneBitRefcountsNeverOverflowWhenPacking) {
+  auto f = Make(65536, 1);
+  auto a = f.alloc->AllocateBytes(1000);
+  auto b = f.alloc->AllocateBytes(1000);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_NE(*a / 65536, *b / 65536);
+  EXPECT_EQ(*f.alloc->GetRefcount(*a), 1u);
+}
+
+TEST(AllocatorTest, UnderflowIsCorruption) {
+  auto f = Make(65536, 16);
+  auto a = f.alloc->AllocateClusters(1);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_TRUE(f.alloc->AddRefcount(a->offset, 1, -1).ok());
+  EXPECT_EQ(f.alloc->AddRefcount(a->offset, 1, -1).code(), Code::kCorrupt);
+}
+
+TEST(AllocatorTest, RejectsRefcountBlockPastEndOfFile) {
+  auto storage = io::NewMemoryStorage();
+  CreateOptions o;
+  o.size = 1 << 20;
+  ASSERT_TRUE(Create(*storage, o).ok());
+  uint64_t size = *storage->Size();
+  std::vector<uint8_t> head(size);
+  ASSERT_TRUE(storage->ReadAt(0, head).ok());
+  auto h = DecodeHeader(head, size);
+  ASSERT_TRUE(h.has_value());
+  // Point refcount table entry 1 far past the end of the file.
+  uint8_t bad[8] = {0, 0, 0, 1, 0, 0, 0, 0};
+  ASSERT_TRUE(storage->WriteAt(h->refcount_table_offset + 8, bad).ok());
+  auto a = Allocator::Open(*storage, *h, size, 4, nullptr);
+  ASSERT_FALSE(a.has_value());
+  EXPECT_EQ(a.error().code(), Code::kCorrupt);
+}
+
+}  // namespace
+}  // namespace thindisk::qcow2

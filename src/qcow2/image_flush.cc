@@ -1,0 +1,127 @@
+// The ordered write-back flush (docs/engine.md "Metadata is written back at
+// flush, in order"). Each stage ends with a sync so the next stage's writes
+// can only reach the disk after it.
+#include <cstring>
+
+#include "qcow2/image_impl.h"
+#include "util/endian.h"
+
+namespace thindisk::qcow2 {
+
+Status ImageImpl::WriteHeaderLocked() {
+  TD_ASSIGN_OR_RETURN(auto bytes, EncodeHeader(header_));
+  return storage_->WriteAt(0, bytes);
+}
+
+Status ImageImpl::FlushMetadataLocked() {
+  if (read_only_) return Status::Ok();
+  if (in_metadata_flush_) return Status::Ok();  // re-entered through a cache eviction
+  in_metadata_flush_ = true;
+  struct Reset {
+    bool* flag;
+    ~Reset() { *flag = false; }
+  } reset{&in_metadata_flush_};
+
+  bool synced = false;
+  // Stage 1: refcount blocks (and a relocated refcount table); the sync also
+  // makes every data write issued so far durable.
+  // Rule: a refcount is raised before anything points at the cluster.
+  if (allocator_->HasDirtyBlocks() || allocator_->table_moved()) {
+    TD_RETURN_IF_ERROR(allocator_->WriteBlocks());
+    TD_RETURN_IF_ERROR(storage_->Flush());
+    synced = true;
+  }
+  if (allocator_->HasDirtyTable() && !allocator_->table_moved()) {
+    // New blocks are durable (above) before table entries point at them.
+    TD_RETURN_IF_ERROR(allocator_->WriteTableEntries());
+    TD_RETURN_IF_ERROR(storage_->Flush());
+    synced = true;
+  }
+  // Stage 2: the header, if the refcount table moved.
+  if (allocator_->table_moved()) {
+    Header h = header_;
+    h.refcount_table_offset = allocator_->table_offset();
+    h.refcount_table_clusters = allocator_->table_clusters();
+    header_ = h;
+    TD_RETURN_IF_ERROR(WriteHeaderLocked());
+    TD_RETURN_IF_ERROR(storage_->Flush());
+    allocator_->TableCommitted();
+  }
+  // Stage 3: L2 tables. Rule: data is durable before the L2 entry that
+  // points at it — guaranteed by a sync before this stage.
+  if (l2_cache_->HasDirty()) {
+    if (!synced) TD_RETURN_IF_ERROR(storage_->Flush());
+    TD_RETURN_IF_ERROR(l2_cache_->WriteDirty());
+    TD_RETURN_IF_ERROR(storage_->Flush());
+    synced = true;
+  }
+  // Stage 4: L1 entries, or a whole new L1 table and then the header.
+  if (l1_moved_) {
+    std::vector<uint8_t> raw(uint64_t(l1_.size()) * 8);
+    for (size_t i = 0; i < l1_.size(); ++i) StoreBe64(&raw[i * 8], l1_[i]);
+    uint64_t padded = (raw.size() + cluster_size_ - 1) & ~(cluster_size_ - 1);
+    raw.resize(padded, 0);
+    TD_RETURN_IF_ERROR(storage_->WriteAt(new_l1_offset_, raw));
+    TD_RETURN_IF_ERROR(storage_->Flush());
+    header_.l1_table_offset = new_l1_offset_;
+    header_.l1_size = uint32_t(l1_.size());
+    header_dirty_ = true;
+    l1_moved_ = false;
+    l1_dirty_.clear();
+    synced = true;
+  } else if (!l1_dirty_.empty()) {
+    if (!synced) TD_RETURN_IF_ERROR(storage_->Flush());
+    for (uint64_t i : l1_dirty_) {
+      uint8_t raw[8];
+      StoreBe64(raw, l1_[i]);
+      TD_RETURN_IF_ERROR(storage_->WriteAt(header_.l1_table_offset + i * 8, raw));
+    }
+    l1_dirty_.clear();
+    TD_RETURN_IF_ERROR(storage_->Flush());
+    synced = true;
+  }
+  if (header_dirty_) {
+    if (!synced) TD_RETURN_IF_ERROR(storage_->Flush());
+    header_.size = size_.load();
+    TD_RETURN_IF_ERROR(WriteHeaderLocked());
+    TD_RETURN_IF_ERROR(storage_->Flush());
+    header_dirty_ = false;
+    synced = true;
+  }
+  // Nothing dirty: the flush is one fdatasync.
+  if (!synced) TD_RETURN_IF_ERROR(storage_->Flush());
+  return Status::Ok();
+}
+
+Status ImageImpl::FlushAll() {
+  std::vector<Allocator::Range> frees;
+  {
+    std::lock_guard lock(mu_);
+    TD_RETURN_IF_ERROR(FlushMetadataLocked());
+    frees = allocator_->TakeDeferredFrees();
+  }
+  if (frees.empty()) return Status::Ok();
+  // Stage 5. Rule: a refcount is lowered only after nothing points at the
+  // cluster — nothing on disk (stages 3-4 above) and no reader in flight:
+  // taking the gate exclusively waits for every reader that might still
+  // use an old mapping.
+  { std::unique_lock gate(free_gate_); }
+  std::vector<uint64_t> freed;
+  {
+    std::lock_guard lock(mu_);
+    TD_RETURN_IF_ERROR(allocator_->ApplyFrees(frees, &freed));
+    // A freed L2 table must never be written back over its next use.
+    for (uint64_t off : freed) l2_cache_->Drop(off);
+  }
+  if (!freed.empty()) DropCompressedCache();
+  return Status::Ok();
+}
+
+Status ImageImpl::Flush() {
+  if (closed_.load()) return Status::InvalidArgument("image is closed");
+  if (read_only_) return storage_->Flush();
+  std::lock_guard flush_lock(flush_mu_);
+  return FlushAll();
+}
+
+}  // namespace thindisk::qcow2

@@ -1,0 +1,161 @@
+// ImageImpl: the qcow2 runtime engine behind qcow2::Image (image.h).
+// Private to src/qcow2/; split over one-concept files:
+//   image_open.cc    opening, header rewrite, close
+//   image_map.cc     L1/L2 lookup and mapping updates (L2 allocation, L2 COW)
+//   image_read.cc    read path (plain, subclusters, compressed, backing)
+//   image_write.cc   write path (in place, allocating, copy-on-write)
+//   image_zero.cc    write-zeroes and discard
+//   image_status.cc  block status
+//   image_flush.cc   the ordered write-back flush (docs/engine.md)
+//   image_resize.cc  grow and shrink
+//   image_compress.cc WriteCompressed
+//
+// Locking (docs/engine.md "Concurrency"):
+//   flush_mu_  serializes Flush/Resize/Close.
+//   free_gate_ readers hold it shared for the whole request; stage 5 of the
+//              flush takes it exclusively (and instantly releases it) before
+//              applying frees, so no reader can still be using a cluster
+//              when it becomes reusable.
+//   range_lock_ one guest cluster per writer piece.
+//   mu_        metadata: L1, both caches, allocator, header copy. Never held
+//              across data I/O (table loads excepted).
+// Lock order: flush_mu_ > range lock > free_gate_ > mu_ > compressed_mu_.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "qcow2/allocator.h"
+#include "qcow2/image.h"
+#include "qcow2/range_lock.h"
+#include "qcow2/table_cache.h"
+
+namespace thindisk::qcow2 {
+
+// The state of one subcluster (or, for standard L2, of the whole cluster).
+enum class SubState : uint8_t { kUnallocated, kZero, kData, kCompressed };
+
+class ImageImpl final : public Image {
+ public:
+  ImageImpl(std::unique_ptr<io::Storage> storage, Header header, bool read_only);
+  ~ImageImpl() override;
+
+  Status Init(const OpenOptions& options, uint64_t file_size);
+  // After a failed Init: destroy without flushing.
+  void Abandon() { closed_ = true; }
+
+  // block::Device
+  uint64_t size() const override { return size_.load(); }
+  const block::DeviceInfo& info() const override { return info_; }
+  Status Read(uint64_t offset, std::span<uint8_t> buf) override;
+  Status Write(uint64_t offset, std::span<const uint8_t> buf, block::WriteFlags flags) override;
+  Status WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) override;
+  Status Discard(uint64_t offset, uint64_t length) override;
+  Status Flush() override;
+  Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override;
+  Status Resize(uint64_t new_size, bool shrink) override;
+  Status Close() override;
+
+  // Image
+  const Header& header() const override { return header_; }
+  io::Storage& storage() override { return *storage_; }
+  block::Device* backing() override { return backing_.get(); }
+  Status WriteCompressed(uint64_t offset, std::span<const uint8_t> data) override;
+
+ private:
+  // ---- geometry ----
+  uint64_t cs() const { return cluster_size_; }
+  uint64_t scs() const { return subcluster_size_; }
+  uint32_t SubclusterCount() const { return extended_ ? 32 : 1; }
+  uint32_t AllSubclusters() const { return extended_ ? 0xffffffffu : 1u; }
+  std::string GuestPos(uint64_t guest_cluster) const;
+  Status CheckRange(uint64_t offset, uint64_t length) const;
+
+  // ---- mapping (image_map.cc); all REQUIRE mu_ ----
+  Result<L2Mapping> LookupLocked(uint64_t guest_cluster);
+  Status SetMappingLocked(uint64_t guest_cluster, const L2Mapping& m);
+  Status ValidateMapping(uint64_t guest_cluster, const L2Mapping& m);
+  // Queues the release of whatever host space `m` holds.
+  void FreeMappingLocked(const L2Mapping& m);
+  SubState StateOf(const L2Mapping& m, uint32_t sub) const;
+
+  // ---- read (image_read.cc) ----
+  // Reads [in_off, in_off + out.size()) of guest cluster `gc` as mapped by m.
+  Status ReadWithMapping(uint64_t gc, const L2Mapping& m, uint64_t in_off, std::span<uint8_t> out);
+  Status ReadBacking(uint64_t guest_offset, std::span<uint8_t> out);
+  Status ReadCompressedCluster(uint64_t gc, const L2Mapping& m, std::vector<uint8_t>* cluster);
+  void DropCompressedCache();
+
+  // ---- write (image_write.cc); REQUIRE the range lock on gc ----
+  // `src` null writes zeros.
+  Status WritePieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, const uint8_t* src);
+  Status WriteInPlace(uint64_t gc, const L2Mapping& m, uint64_t in_off, uint64_t len,
+                      const uint8_t* src);
+  Status WriteAllocating(uint64_t gc, const L2Mapping& m, uint64_t in_off, uint64_t len,
+                         const uint8_t* src);
+  // Builds [start, end) of the new content of gc: old content (per `m`)
+  // overlaid with `src` at [in_off, in_off + len).
+  Status BuildContent(uint64_t gc, const L2Mapping& m, uint64_t start, uint64_t end,
+                      uint64_t in_off, uint64_t len, const uint8_t* src,
+                      std::vector<uint8_t>* out);
+  bool BackingCovers(uint64_t gc) const;
+
+  // ---- zeroes / discard (image_zero.cc) ----
+  Status ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool fast_only, bool discard);
+  Status ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bool unmap, bool discard);
+  uint64_t ClusterBytes(uint64_t gc) const;  // cs, or less for the image's last cluster
+
+  // ---- flush (image_flush.cc) ----
+  Status FlushMetadataLocked();  // stages 1-4; REQUIRES mu_
+  Status WriteHeaderLocked();    // encodes header_ at offset 0; REQUIRES mu_
+  Status FlushAll();             // stages 1-5; REQUIRES flush_mu_
+
+  // ---- state ----
+  std::unique_ptr<io::Storage> storage_;
+  std::unique_ptr<block::Device> backing_;
+  block::DeviceInfo info_;
+  const bool read_only_;
+  const uint32_t cluster_bits_;
+  const uint64_t cluster_size_;
+  const bool extended_;
+  const uint64_t subcluster_size_;
+  const uint64_t l2_entries_;
+  const uint32_t l2_entry_size_;
+  // Copies of header fields that never change while open, readable without mu_.
+  const uint32_t version_;
+  const CompressionType compression_type_;
+  std::atomic<uint64_t> size_{0};
+  std::atomic<bool> closed_{false};
+
+  std::mutex flush_mu_;
+  std::shared_mutex free_gate_;
+  RangeLock range_lock_;
+
+  std::mutex mu_;
+  Header header_;                  // guarded by mu_: the header as on disk
+  bool header_dirty_ = false;      // guarded by mu_: size or features changed
+  std::vector<uint64_t> l1_;       // guarded by mu_
+  std::set<uint64_t> l1_dirty_;    // guarded by mu_: entries changed in place
+  bool l1_moved_ = false;          // guarded by mu_: l1_ lives at new_l1_offset_
+  uint64_t new_l1_offset_ = 0;     // guarded by mu_
+  std::unique_ptr<TableCache> l2_cache_;     // guarded by mu_
+  std::unique_ptr<Allocator> allocator_;     // guarded by mu_
+  bool in_metadata_flush_ = false;           // guarded by mu_
+
+  // Last decompressed clusters, keyed by host offset.
+  std::mutex compressed_mu_;
+  struct Decompressed {
+    uint64_t host_offset;
+    std::shared_ptr<const std::vector<uint8_t>> data;
+  };
+  std::list<Decompressed> compressed_cache_;  // guarded by compressed_mu_
+};
+
+}  // namespace thindisk::qcow2

@@ -1,0 +1,137 @@
+// Guest cluster -> host mapping: L1/L2 lookup and updates.
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+#include "qcow2/image_impl.h"
+#include "util/endian.h"
+
+namespace thindisk::qcow2 {
+namespace {
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+}  // namespace
+
+SubState ImageImpl::StateOf(const L2Mapping& m, uint32_t sub) const {
+  switch (m.kind) {
+    case ClusterKind::kCompressed:
+      return SubState::kCompressed;
+    case ClusterKind::kZero:
+      return SubState::kZero;
+    case ClusterKind::kUnallocated:
+      return extended_ && (m.zero_bitmap >> sub & 1) ? SubState::kZero : SubState::kUnallocated;
+    case ClusterKind::kNormal:
+      if (!extended_) return SubState::kData;
+      if (m.alloc_bitmap >> sub & 1) return SubState::kData;
+      return (m.zero_bitmap >> sub & 1) ? SubState::kZero : SubState::kUnallocated;
+  }
+  return SubState::kUnallocated;
+}
+
+Status ImageImpl::ValidateMapping(uint64_t gc, const L2Mapping& m) {
+  uint64_t end = allocator_->host_end();
+  if (m.kind == ClusterKind::kCompressed) {
+    // The stored size is rounded up to a sector and may reach past the end
+    // of the file by less than one sector.
+    if (m.host_offset < cluster_size_ || m.host_offset >= end ||
+        m.compressed_size > cluster_size_ + 1024) {
+      return Status::Corrupt(GuestPos(gc) + ": compressed cluster at host offset " +
+                             Hex(m.host_offset) + " (" + std::to_string(m.compressed_size) +
+                             " bytes) lies outside the image file");
+    }
+    return Status::Ok();
+  }
+  if (m.host_offset != 0 && (m.host_offset < cluster_size_ || m.host_offset + cluster_size_ > end)) {
+    return Status::Corrupt(GuestPos(gc) + ": host offset " + Hex(m.host_offset) +
+                           " lies outside the image file or in its header");
+  }
+  return Status::Ok();
+}
+
+Result<L2Mapping> ImageImpl::LookupLocked(uint64_t gc) {
+  uint64_t l1i = gc / l2_entries_;
+  uint64_t l2i = gc % l2_entries_;
+  if (l1i >= l1_.size() || L1Offset(l1_[l1i]) == 0) return L2Mapping{};
+  uint64_t l2_offset = L1Offset(l1_[l1i]);
+  if (l2_offset + cluster_size_ > allocator_->host_end()) {
+    return Status::Corrupt(GuestPos(gc) + ": L2 table at " + Hex(l2_offset) +
+                           " lies past the end of the file");
+  }
+  TD_ASSIGN_OR_RETURN(auto table, l2_cache_->Get(l2_offset));
+  const uint8_t* p = &table->data[l2i * l2_entry_size_];
+  uint64_t entry = LoadBe64(p);
+  uint64_t bitmap = extended_ ? LoadBe64(p + 8) : 0;
+  auto m = DecodeL2Entry(entry, bitmap, extended_, cluster_bits_);
+  if (!m) return m.error().WithContext(GuestPos(gc));
+  if (version_ < 3 && m->kind == ClusterKind::kZero) {
+    return Status::Corrupt(GuestPos(gc) + ": zero flag in a version 2 image");
+  }
+  TD_RETURN_IF_ERROR(ValidateMapping(gc, *m));
+  return m;
+}
+
+Status ImageImpl::SetMappingLocked(uint64_t gc, const L2Mapping& m) {
+  uint64_t l1i = gc / l2_entries_;
+  uint64_t l2i = gc % l2_entries_;
+  if (l1i >= l1_.size()) return Status::Internal(GuestPos(gc) + ": beyond the L1 table");
+  uint64_t l1e = l1_[l1i];
+  std::shared_ptr<Table> table;
+  if (L1Offset(l1e) == 0) {
+    // A new, empty L2 table. It reaches the disk in stage 3, the L1 entry
+    // pointing at it only in stage 4.
+    TD_ASSIGN_OR_RETURN(auto a, allocator_->AllocateClusters(1));
+    TD_ASSIGN_OR_RETURN(table, l2_cache_->New(a.offset));
+    l1_[l1i] = a.offset | kCopied;
+    l1_dirty_.insert(l1i);
+  } else if (!(l1e & kCopied)) {
+    // Shared with a snapshot (or the flag is merely missing): copy the
+    // table before changing it, unless we are its only user.
+    uint64_t old_offset = L1Offset(l1e);
+    TD_ASSIGN_OR_RETURN(uint64_t rc, allocator_->GetRefcount(old_offset));
+    if (rc == 1) {
+      TD_ASSIGN_OR_RETURN(table, l2_cache_->Get(old_offset));
+      l1_[l1i] = old_offset | kCopied;
+    } else {
+      TD_ASSIGN_OR_RETURN(auto old_table, l2_cache_->Get(old_offset));
+      TD_ASSIGN_OR_RETURN(auto a, allocator_->AllocateClusters(1));
+      TD_ASSIGN_OR_RETURN(table, l2_cache_->New(a.offset));
+      table->data = old_table->data;
+      l1_[l1i] = a.offset | kCopied;
+      allocator_->DeferFree(old_offset, 1);
+    }
+    l1_dirty_.insert(l1i);
+  } else {
+    TD_ASSIGN_OR_RETURN(table, l2_cache_->Get(L1Offset(l1e)));
+  }
+  L2Words w = EncodeL2Entry(m, extended_, cluster_bits_);
+  uint8_t* p = &table->data[l2i * l2_entry_size_];
+  StoreBe64(p, w.entry);
+  if (extended_) StoreBe64(p + 8, w.bitmap);
+  l2_cache_->MarkDirty(*table);
+  return Status::Ok();
+}
+
+void ImageImpl::FreeMappingLocked(const L2Mapping& m) {
+  switch (m.kind) {
+    case ClusterKind::kUnallocated:
+      return;
+    case ClusterKind::kZero:
+    case ClusterKind::kNormal:
+      if (m.host_offset != 0) allocator_->DeferFree(m.host_offset, 1);
+      return;
+    case ClusterKind::kCompressed: {
+      // One reference on every host cluster the compressed bytes touch.
+      uint64_t first = m.host_offset >> cluster_bits_;
+      uint64_t last = (m.host_offset + std::max<uint64_t>(m.compressed_size, 1) - 1) >> cluster_bits_;
+      allocator_->DeferFree(first << cluster_bits_, last - first + 1);
+      return;
+    }
+  }
+}
+
+}  // namespace thindisk::qcow2

@@ -1,0 +1,192 @@
+// Opening and closing a qcow2 image.
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+
+#include "qcow2/check.h"
+#include "qcow2/image_impl.h"
+#include "util/endian.h"
+
+namespace thindisk::qcow2 {
+namespace {
+
+// The header, its extensions and the backing name all lie in the first
+// cluster, which is at most 2 MiB.
+constexpr uint64_t kMaxHeadBytes = 2ull << 20;
+
+std::string Hex(uint64_t v) {
+  char buf[32];
+  snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+  return buf;
+}
+
+Result<Header> ReadHeader(io::Storage& storage, uint64_t* file_size) {
+  TD_ASSIGN_OR_RETURN(*file_size, storage.Size());
+  std::vector<uint8_t> head(std::min(*file_size, kMaxHeadBytes));
+  TD_RETURN_IF_ERROR(storage.ReadAt(0, head));
+  return DecodeHeader(head, *file_size);
+}
+
+}  // namespace
+
+Image::~Image() = default;
+
+Result<std::unique_ptr<Image>> Image::Open(std::unique_ptr<io::Storage> storage,
+                                           const OpenOptions& options) {
+  if (!storage) return Status::InvalidArgument("no storage");
+  const std::string name = storage->name();
+  uint64_t file_size = 0;
+  auto header = ReadHeader(*storage, &file_size);
+  if (!header) return header.error().WithContext(name);
+
+  bool read_only = options.read_only;
+  if (header->incompatible_features & kIncompatCorrupt) {
+    if (!read_only) {
+      fprintf(stderr, "thindisk: %s: image is marked corrupt; opened read-only\n", name.c_str());
+    }
+    read_only = true;
+  }
+  if (!read_only && (header->incompatible_features & kIncompatDirty)) {
+    // Lazy refcounts left the refcounts stale: rebuild them before use.
+    auto report = Check(*storage, RepairMode::kAll);
+    if (!report) return report.error().WithContext(name + ": repairing dirty image");
+    header = ReadHeader(*storage, &file_size);
+    if (!header) return header.error().WithContext(name);
+  }
+
+  auto image = std::make_unique<ImageImpl>(std::move(storage), std::move(*header), read_only);
+  Status s = image->Init(options, file_size);
+  if (!s.ok()) {
+    image->Abandon();  // half-initialized: nothing to flush
+    return s.WithContext(name);
+  }
+  return std::unique_ptr<Image>(std::move(image));
+}
+
+ImageImpl::ImageImpl(std::unique_ptr<io::Storage> storage, Header header, bool read_only)
+    : storage_(std::move(storage)),
+      read_only_(read_only),
+      cluster_bits_(header.cluster_bits),
+      cluster_size_(header.cluster_size()),
+      extended_(header.extended_l2()),
+      subcluster_size_(header.subcluster_size()),
+      l2_entries_(header.l2_entries()),
+      l2_entry_size_(header.l2_entry_size()),
+      version_(header.version),
+      compression_type_(header.compression_type),
+      header_(std::move(header)) {
+  size_ = header_.size;
+  info_.format = "qcow2";
+  info_.filename = storage_->name();
+  info_.cluster_size = uint32_t(cluster_size_);
+  info_.preferred_block = uint32_t(std::max<uint64_t>(subcluster_size_, 512));
+  info_.read_only = read_only_;
+}
+
+ImageImpl::~ImageImpl() {
+  if (!closed_.load()) (void)Close();
+}
+
+Status ImageImpl::Init(const OpenOptions& options, uint64_t file_size) {
+  // 1. Feature bits a writer must settle before anything else.
+  if (!read_only_) {
+    std::lock_guard lock(mu_);
+    bool rewrite = false;
+    if (header_.autoclear_features & ~kAutoclearKnown) {
+      // Spec: software that does not maintain an autoclear feature clears
+      // its bit when it opens the image read-write.
+      header_.autoclear_features &= kAutoclearKnown;
+      rewrite = true;
+    }
+    if (header_.incompatible_features & kIncompatDirty) {
+      header_.incompatible_features &= ~kIncompatDirty;  // repaired in Open
+      rewrite = true;
+    }
+    if (rewrite) {
+      TD_RETURN_IF_ERROR(WriteHeaderLocked());
+      TD_RETURN_IF_ERROR(storage_->Flush());
+    }
+  }
+
+  // 2. The L1 table; the codec validated its size, we validate entries.
+  uint64_t per_l1 = l2_entries_ * cluster_size_;
+  uint64_t needed = (header_.size + per_l1 - 1) / per_l1;
+  if (header_.l1_size < needed) {
+    return Status::Corrupt("L1 table has " + std::to_string(header_.l1_size) +
+                           " entries, the virtual size needs " + std::to_string(needed));
+  }
+  std::vector<uint8_t> raw(uint64_t(header_.l1_size) * 8);
+  TD_RETURN_IF_ERROR(storage_->ReadAt(header_.l1_table_offset, raw));
+  l1_.resize(header_.l1_size);
+  uint64_t file_end = (file_size + cluster_size_ - 1) & ~(cluster_size_ - 1);
+  for (uint64_t i = 0; i < l1_.size(); ++i) {
+    uint64_t e = LoadBe64(&raw[i * 8]);
+    uint64_t off = L1Offset(e);
+    bool bad = (e & kL1Reserved) != 0;
+    if (off != 0) {
+      bad = bad || (off & (cluster_size_ - 1)) || off < cluster_size_ ||
+            off + cluster_size_ > file_end;
+    }
+    if (bad) {
+      return Status::Corrupt("L1 entry " + std::to_string(i) + " (" + Hex(e) +
+                             ") is invalid: reserved bits, unaligned, or outside the file");
+    }
+    l1_[i] = e;
+  }
+
+  // 3. Caches and allocator: refcount blocks get an eighth of the budget.
+  uint64_t tables = std::max<uint64_t>(options.cache_bytes / cluster_size_, 8);
+  size_t rc_tables = size_t(std::max<uint64_t>(tables / 8, 2));
+  size_t l2_tables = size_t(std::max<uint64_t>(tables - tables / 8, 4));
+  auto flush_hook = [this]() { return FlushMetadataLocked(); };
+  l2_cache_ = std::make_unique<TableCache>(*storage_, cluster_size_, l2_tables, flush_hook);
+  TD_ASSIGN_OR_RETURN(allocator_,
+                      Allocator::Open(*storage_, header_, file_size, rc_tables, flush_hook));
+
+  // 4. The backing file.
+  if (!header_.backing_file.empty() && !options.no_backing) {
+    if (!options.open_backing) {
+      return Status::InvalidArgument("image has backing file '" + header_.backing_file +
+                                     "' but no way to open it was given");
+    }
+    auto backing = options.open_backing(header_.backing_file, header_.backing_format);
+    if (!backing) {
+      return backing.error().WithContext("backing file '" + header_.backing_file + "'");
+    }
+    backing_ = std::move(*backing);
+  }
+  return Status::Ok();
+}
+
+std::string ImageImpl::GuestPos(uint64_t guest_cluster) const {
+  return "guest offset " + Hex(guest_cluster << cluster_bits_);
+}
+
+Status ImageImpl::CheckRange(uint64_t offset, uint64_t length) const {
+  uint64_t size = size_.load();
+  if (offset > size || length > size - offset) {
+    return Status::OutOfRange("request [" + Hex(offset) + ", +" + Hex(length) +
+                              ") ends past the image size " + Hex(size));
+  }
+  if (closed_.load()) return Status::InvalidArgument("image is closed");
+  return Status::Ok();
+}
+
+Status ImageImpl::Close() {
+  std::lock_guard flush_lock(flush_mu_);
+  if (closed_.load()) return Status::Ok();
+  Status s = read_only_ ? Status::Ok() : FlushAll();
+  // Frees applied by the last stage 5 are still dirty refcounts: write them.
+  if (s.ok() && !read_only_) {
+    std::lock_guard lock(mu_);
+    s = FlushMetadataLocked();
+  }
+  closed_ = true;
+  if (backing_) {
+    Status b = backing_->Close();
+    if (s.ok()) s = b;
+  }
+  return s;
+}
+
+}  // namespace thindisk::qcow2

@@ -1,0 +1,85 @@
+// Read path: plain clusters, subclusters, zero clusters, backing data.
+#include <algorithm>
+#include <cstring>
+
+#include "qcow2/image_impl.h"
+
+namespace thindisk::qcow2 {
+
+Status ImageImpl::ReadBacking(uint64_t guest_offset, std::span<uint8_t> out) {
+  uint64_t avail = 0;
+  if (backing_ && guest_offset < backing_->size()) {
+    avail = std::min<uint64_t>(out.size(), backing_->size() - guest_offset);
+    TD_RETURN_IF_ERROR(backing_->Read(guest_offset, out.first(avail)));
+  }
+  // Past the backing file's end (or without one) the image reads as zeros.
+  std::memset(out.data() + avail, 0, out.size() - avail);
+  return Status::Ok();
+}
+
+bool ImageImpl::BackingCovers(uint64_t gc) const {
+  return backing_ && (gc << cluster_bits_) < backing_->size();
+}
+
+Status ImageImpl::ReadWithMapping(uint64_t gc, const L2Mapping& m, uint64_t in_off,
+                                  std::span<uint8_t> out) {
+  uint64_t guest_base = gc << cluster_bits_;
+  if (m.kind == ClusterKind::kCompressed) {
+    std::vector<uint8_t> cluster;
+    TD_RETURN_IF_ERROR(ReadCompressedCluster(gc, m, &cluster));
+    std::memcpy(out.data(), cluster.data() + in_off, out.size());
+    return Status::Ok();
+  }
+  // Walk runs of subclusters in the same state; data runs are contiguous
+  // on the host, so each run is one host read.
+  uint64_t pos = in_off;
+  uint64_t end = in_off + out.size();
+  while (pos < end) {
+    uint32_t sub = uint32_t(pos / scs());
+    SubState state = StateOf(m, sub);
+    uint64_t run_end = std::min<uint64_t>(end, uint64_t(sub + 1) * scs());
+    while (run_end < end && StateOf(m, uint32_t(run_end / scs())) == state) {
+      run_end = std::min<uint64_t>(end, run_end + scs());
+    }
+    std::span<uint8_t> piece = out.subspan(pos - in_off, run_end - pos);
+    switch (state) {
+      case SubState::kData:
+        TD_RETURN_IF_ERROR(storage_->ReadAt(m.host_offset + pos, piece));
+        break;
+      case SubState::kZero:
+        std::memset(piece.data(), 0, piece.size());
+        break;
+      case SubState::kUnallocated:
+        TD_RETURN_IF_ERROR(ReadBacking(guest_base + pos, piece));
+        break;
+      case SubState::kCompressed:
+        return Status::Internal("compressed state inside a plain cluster");
+    }
+    pos = run_end;
+  }
+  return Status::Ok();
+}
+
+Status ImageImpl::Read(uint64_t offset, std::span<uint8_t> buf) {
+  TD_RETURN_IF_ERROR(CheckRange(offset, buf.size()));
+  // Holding the gate shared keeps every cluster we look up from being
+  // freed (and so reused) until we have read it.
+  std::shared_lock gate(free_gate_);
+  uint64_t done = 0;
+  while (done < buf.size()) {
+    uint64_t pos = offset + done;
+    uint64_t gc = pos >> cluster_bits_;
+    uint64_t in_off = pos & (cluster_size_ - 1);
+    uint64_t len = std::min<uint64_t>(buf.size() - done, cluster_size_ - in_off);
+    L2Mapping m;
+    {
+      std::lock_guard lock(mu_);
+      TD_ASSIGN_OR_RETURN(m, LookupLocked(gc));
+    }
+    TD_RETURN_IF_ERROR(ReadWithMapping(gc, m, in_off, buf.subspan(done, len)));
+    done += len;
+  }
+  return Status::Ok();
+}
+
+}  // namespace thindisk::qcow2

@@ -1,0 +1,113 @@
+// Helpers shared by the engine's image tests: in-memory images, a model of
+// the expected guest content, a fake backing device, deterministic data.
+#pragma once
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "io/memory_storage.h"
+#include "qcow2/image.h"
+
+namespace thindisk::qcow2::testing {
+
+// Deterministic bytes: different for every (seed, offset).
+inline std::vector<uint8_t> Pattern(uint64_t seed, size_t n) {
+  std::vector<uint8_t> v(n);
+  std::mt19937_64 rng(seed * 0x9e3779b97f4a7c15ull + 1);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(&v[i], &x, std::min<size_t>(8, n - i));
+  }
+  return v;
+}
+
+// A freshly created image on MemoryStorage. `storage` stays valid while the
+// image lives (the image owns it).
+struct MemImage {
+  io::MemoryStorage* storage = nullptr;
+  std::unique_ptr<Image> image;
+};
+
+inline MemImage CreateMem(const CreateOptions& co, OpenOptions oo = {}) {
+  MemImage m;
+  auto storage = io::NewMemoryStorage("test.qcow2");
+  Status s = Create(*storage, co);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  m.storage = storage.get();
+  auto img = Image::Open(std::move(storage), oo);
+  EXPECT_TRUE(img.has_value()) << img.status().ToString();
+  if (img) m.image = std::move(*img);
+  return m;
+}
+
+// Closes the image and opens the same bytes again.
+inline MemImage Reopen(MemImage& m, OpenOptions oo = {}) {
+  EXPECT_TRUE(m.image->Close().ok());
+  auto copy = m.storage->Clone();
+  MemImage r;
+  r.storage = copy.get();
+  auto img = Image::Open(std::move(copy), oo);
+  EXPECT_TRUE(img.has_value()) << img.status().ToString();
+  if (img) r.image = std::move(*img);
+  m.image.reset();
+  return r;
+}
+
+// A block::Device over a byte vector: the stand-in for a backing image.
+class FakeDevice : public block::Device {
+ public:
+  explicit FakeDevice(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {
+    info_.format = "raw";
+  }
+  uint64_t size() const override { return bytes_.size(); }
+  const block::DeviceInfo& info() const override { return info_; }
+  Status Read(uint64_t offset, std::span<uint8_t> buf) override {
+    if (offset + buf.size() > bytes_.size()) return Status::OutOfRange("fake read");
+    std::memcpy(buf.data(), bytes_.data() + offset, buf.size());
+    return Status::Ok();
+  }
+  Status Write(uint64_t, std::span<const uint8_t>, block::WriteFlags) override {
+    return Status::ReadOnly("fake backing");
+  }
+  Status WriteZeroes(uint64_t, uint64_t, block::ZeroFlags) override {
+    return Status::ReadOnly("fake backing");
+  }
+  Status Discard(uint64_t, uint64_t) override { return Status::ReadOnly("fake backing"); }
+  Status Flush() override { return Status::Ok(); }
+  Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override {
+    block::Extent e;
+    e.offset = offset;
+    e.length = std::min<uint64_t>(max_length, bytes_.size() - offset);
+    e.data = true;
+    e.present = true;
+    return e;
+  }
+  Status Resize(uint64_t, bool) override { return Status::NotSupported("fake"); }
+  Status Close() override { return Status::Ok(); }
+
+ private:
+  std::vector<uint8_t> bytes_;
+  block::DeviceInfo info_;
+};
+
+// Reads the whole range and compares it with the model.
+inline void ExpectContent(Image& img, const std::vector<uint8_t>& model, uint64_t offset,
+                          uint64_t len) {
+  std::vector<uint8_t> got(len);
+  Status s = img.Read(offset, got);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  for (uint64_t i = 0; i < len; ++i) {
+    if (got[i] != model[offset + i]) {
+      FAIL() << "byte at guest offset " << offset + i << " is " << int(got[i]) << ", expected "
+             << int(model[offset + i]);
+    }
+  }
+}
+
+}  // namespace thindisk::qcow2::testing

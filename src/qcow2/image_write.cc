@@ -1,0 +1,160 @@
+// Write path: in place, or into a newly allocated cluster, copying only
+// what must be copied (docs/engine.md "Writes").
+#include <algorithm>
+#include <cstring>
+
+#include "qcow2/image_impl.h"
+
+namespace thindisk::qcow2 {
+namespace {
+
+// Bits first..last (inclusive) of a subcluster bitmap.
+uint32_t SubMask(uint32_t first, uint32_t last) {
+  uint64_t bits = (uint64_t{1} << (last + 1)) - (uint64_t{1} << first);
+  return uint32_t(bits);
+}
+
+}  // namespace
+
+Status ImageImpl::Write(uint64_t offset, std::span<const uint8_t> buf, block::WriteFlags flags) {
+  if (read_only_) return Status::ReadOnly(info_.filename + ": image is opened read-only");
+  TD_RETURN_IF_ERROR(CheckRange(offset, buf.size()));
+  uint64_t done = 0;
+  while (done < buf.size()) {
+    uint64_t pos = offset + done;
+    uint64_t gc = pos >> cluster_bits_;
+    uint64_t in_off = pos & (cluster_size_ - 1);
+    uint64_t len = std::min<uint64_t>(buf.size() - done, cluster_size_ - in_off);
+    auto guard = range_lock_.Lock(gc, 1);
+    TD_RETURN_IF_ERROR(WritePieceLocked(gc, in_off, len, buf.data() + done));
+    done += len;
+  }
+  if (flags.fua) return Flush();
+  return Status::Ok();
+}
+
+Status ImageImpl::WritePieceLocked(uint64_t gc, uint64_t in_off, uint64_t len,
+                                   const uint8_t* src) {
+  L2Mapping m;
+  {
+    std::lock_guard lock(mu_);
+    TD_ASSIGN_OR_RETURN(m, LookupLocked(gc));
+  }
+  if (m.kind == ClusterKind::kNormal && m.copied) return WriteInPlace(gc, m, in_off, len, src);
+  if (m.kind == ClusterKind::kZero && m.copied && m.host_offset != 0) {
+    // A zeroed cluster that kept its host space: fill it in place.
+    std::vector<uint8_t> buf;
+    TD_RETURN_IF_ERROR(BuildContent(gc, m, 0, cs(), in_off, len, src, &buf));
+    TD_RETURN_IF_ERROR(storage_->WriteAt(m.host_offset, buf));
+    L2Mapping n = m;
+    n.kind = ClusterKind::kNormal;
+    std::lock_guard lock(mu_);
+    return SetMappingLocked(gc, n);
+  }
+  return WriteAllocating(gc, m, in_off, len, src);
+}
+
+Status ImageImpl::BuildContent(uint64_t gc, const L2Mapping& m, uint64_t start, uint64_t end,
+                               uint64_t in_off, uint64_t len, const uint8_t* src,
+                               std::vector<uint8_t>* out) {
+  out->resize(end - start);
+  std::span<uint8_t> buf(*out);
+  if (in_off > start) {
+    TD_RETURN_IF_ERROR(ReadWithMapping(gc, m, start, buf.first(in_off - start)));
+  }
+  if (src) {
+    std::memcpy(buf.data() + (in_off - start), src, len);
+  } else {
+    std::memset(buf.data() + (in_off - start), 0, len);
+  }
+  if (end > in_off + len) {
+    TD_RETURN_IF_ERROR(ReadWithMapping(gc, m, in_off + len, buf.subspan(in_off + len - start)));
+  }
+  return Status::Ok();
+}
+
+Status ImageImpl::WriteInPlace(uint64_t gc, const L2Mapping& m, uint64_t in_off, uint64_t len,
+                               const uint8_t* src) {
+  uint64_t start = in_off;
+  uint64_t end = in_off + len;
+  uint32_t first = uint32_t(in_off / scs());
+  uint32_t last = uint32_t((end - 1) / scs());
+  if (extended_) {
+    // A subcluster that held no data gets its uncovered head and tail
+    // filled (zeros or backing data) before it is marked allocated.
+    if (StateOf(m, first) != SubState::kData) start = first * scs();
+    if (StateOf(m, last) != SubState::kData) end = std::min<uint64_t>((last + 1) * scs(), cs());
+  }
+  if (src && start == in_off && end == in_off + len) {
+    TD_RETURN_IF_ERROR(storage_->WriteAt(m.host_offset + start, std::span(src, len)));
+  } else {
+    std::vector<uint8_t> buf;
+    TD_RETURN_IF_ERROR(BuildContent(gc, m, start, end, in_off, len, src, &buf));
+    TD_RETURN_IF_ERROR(storage_->WriteAt(m.host_offset + start, buf));
+  }
+  if (!extended_) return Status::Ok();
+  uint32_t mask = SubMask(first, last);
+  if ((m.alloc_bitmap & mask) == mask && (m.zero_bitmap & mask) == 0) return Status::Ok();
+  // Publish only now that the data is in place.
+  L2Mapping n = m;
+  n.alloc_bitmap |= mask;
+  n.zero_bitmap &= ~mask;
+  std::lock_guard lock(mu_);
+  return SetMappingLocked(gc, n);
+}
+
+Status ImageImpl::WriteAllocating(uint64_t gc, const L2Mapping& m, uint64_t in_off, uint64_t len,
+                                  const uint8_t* src) {
+  Allocator::Allocation a;
+  {
+    std::lock_guard lock(mu_);
+    TD_ASSIGN_OR_RETURN(a, allocator_->AllocateClusters(1));
+  }
+  L2Mapping n;
+  n.kind = ClusterKind::kNormal;
+  n.host_offset = a.offset;
+  n.copied = true;
+  uint64_t start = 0;
+  uint64_t end = cs();
+  bool plain_old = m.kind == ClusterKind::kUnallocated || m.kind == ClusterKind::kZero;
+  if (extended_ && plain_old) {
+    // Only the touched subclusters are written; the others keep their
+    // state (unallocated or zero), so a 4 KiB first write costs 4 KiB.
+    uint32_t first = uint32_t(in_off / scs());
+    uint32_t last = uint32_t((in_off + len - 1) / scs());
+    uint32_t mask = SubMask(first, last);
+    start = first * scs();
+    end = std::min<uint64_t>((last + 1) * scs(), cs());
+    n.alloc_bitmap = mask;
+    uint32_t old_zero = m.kind == ClusterKind::kZero ? AllSubclusters() : m.zero_bitmap;
+    n.zero_bitmap = old_zero & ~mask;
+  } else if (!extended_ && plain_old && a.fresh &&
+             (m.kind == ClusterKind::kZero || !BackingCovers(gc))) {
+    // Fresh host space reads as zeros, which is what the rest of the
+    // cluster must read as: write just the new bytes.
+    start = in_off;
+    end = in_off + len;
+  } else {
+    // Compressed, shared, or reused space under a standard L2 entry: the
+    // whole cluster is written, old content around the new bytes.
+    n.alloc_bitmap = extended_ ? AllSubclusters() : 0;
+  }
+  Status s;
+  if (src && start == in_off && end == in_off + len) {
+    s = storage_->WriteAt(a.offset + start, std::span<const uint8_t>(src, len));  // no copy
+  } else {
+    std::vector<uint8_t> buf;
+    s = BuildContent(gc, m, start, end, in_off, len, src, &buf);
+    if (s.ok()) s = storage_->WriteAt(a.offset + start, buf);
+  }
+  std::lock_guard lock(mu_);
+  if (s.ok()) s = SetMappingLocked(gc, n);
+  if (!s.ok()) {
+    allocator_->DeferFree(a.offset, 1);
+    return s;
+  }
+  FreeMappingLocked(m);
+  return Status::Ok();
+}
+
+}  // namespace thindisk::qcow2

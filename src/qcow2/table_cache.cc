@@ -1,0 +1,106 @@
+#include "qcow2/table_cache.h"
+
+#include <algorithm>
+
+namespace thindisk::qcow2 {
+
+TableCache::TableCache(io::Storage& storage, uint64_t table_size, size_t capacity,
+                       std::function<Status()> flush_hook)
+    : storage_(storage),
+      table_size_(table_size),
+      capacity_(std::max<size_t>(capacity, 2)),
+      flush_hook_(std::move(flush_hook)) {}
+
+void TableCache::Touch(Entry& e) { lru_.splice(lru_.begin(), lru_, e.lru_pos); }
+
+void TableCache::MarkDirty(Table& t) {
+  if (!t.dirty) {
+    t.dirty = true;
+    ++dirty_count_;
+  }
+}
+
+Status TableCache::MakeRoom() {
+  if (map_.size() < capacity_) return Status::Ok();
+  // Prefer a clean unpinned table, oldest first.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (auto it = lru_.rbegin(); it != lru_.rend(); ++it) {
+      auto found = map_.find(*it);
+      const auto& t = found->second.table;
+      if (t.use_count() > 1 || t->dirty) continue;
+      lru_.erase(found->second.lru_pos);
+      map_.erase(found);
+      return Status::Ok();
+    }
+    // Everything unpinned is dirty: run the ordered flush, which cleans all
+    // tables, then retry once. Re-entry (the flush itself loading tables)
+    // simply lets the cache grow past capacity for the duration.
+    if (pass == 0) {
+      if (in_flush_hook_ || !flush_hook_) return Status::Ok();
+      in_flush_hook_ = true;
+      Status s = flush_hook_();
+      in_flush_hook_ = false;
+      TD_RETURN_IF_ERROR(s);
+    }
+  }
+  // All tables pinned: grow temporarily rather than fail.
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<Table>> TableCache::Get(uint64_t offset) {
+  auto it = map_.find(offset);
+  if (it != map_.end()) {
+    Touch(it->second);
+    return it->second.table;
+  }
+  TD_RETURN_IF_ERROR(MakeRoom());
+  auto t = std::make_shared<Table>();
+  t->offset = offset;
+  t->data.resize(table_size_);
+  TD_RETURN_IF_ERROR(storage_.ReadAt(offset, t->data));
+  lru_.push_front(offset);
+  map_.emplace(offset, Entry{t, lru_.begin()});
+  return t;
+}
+
+Result<std::shared_ptr<Table>> TableCache::New(uint64_t offset) {
+  Drop(offset);
+  TD_RETURN_IF_ERROR(MakeRoom());
+  auto t = std::make_shared<Table>();
+  t->offset = offset;
+  t->data.assign(table_size_, 0);
+  MarkDirty(*t);
+  lru_.push_front(offset);
+  map_.emplace(offset, Entry{t, lru_.begin()});
+  return t;
+}
+
+void TableCache::Drop(uint64_t offset) {
+  auto it = map_.find(offset);
+  if (it == map_.end()) return;
+  if (it->second.table->dirty) {
+    it->second.table->dirty = false;
+    --dirty_count_;
+  }
+  lru_.erase(it->second.lru_pos);
+  map_.erase(it);
+}
+
+Status TableCache::WriteDirty() {
+  if (dirty_count_ == 0) return Status::Ok();
+  // Write in offset order: sequential for the host.
+  std::vector<Table*> dirty;
+  for (auto& [off, e] : map_) {
+    if (e.table->dirty) dirty.push_back(e.table.get());
+  }
+  std::sort(dirty.begin(), dirty.end(),
+            [](const Table* a, const Table* b) { return a->offset < b->offset; });
+  for (Table* t : dirty) {
+    TD_RETURN_IF_ERROR(storage_.WriteAt(t->offset, t->data));
+    t->dirty = false;
+    --dirty_count_;
+  }
+  return Status::Ok();
+}
+
+}  // namespace thindisk::qcow2
