@@ -1,0 +1,112 @@
+#include "block/open.h"
+
+#include <sys/stat.h>
+
+#include <array>
+#include <cerrno>
+#include <utility>
+#include <vector>
+
+#include "qcow2/format.h"
+#include "qcow2/image.h"
+#include "raw/raw_image.h"
+#include "util/endian.h"
+
+namespace thindisk::block {
+
+namespace {
+
+// One image already opened further up the chain, identified the way the
+// host does (a loop may use different names for the same file).
+struct ChainLink {
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::string name;
+};
+using Chain = std::vector<ChainLink>;
+
+Result<std::string> ProbeStorage(io::Storage& storage) {
+  std::array<uint8_t, 4> magic{};
+  // A file shorter than 4 bytes reads as zeros past its end: raw.
+  TD_RETURN_IF_ERROR(storage.ReadAt(0, magic));
+  if (LoadBe32(magic.data()) == qcow2::kMagic) return std::string("qcow2");
+  return std::string("raw");
+}
+
+std::string LoopMessage(const Chain& chain, const std::string& again) {
+  std::string m = "backing file loop: ";
+  for (const ChainLink& link : chain) m += link.name + " -> ";
+  return m + again;
+}
+
+Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::string format,
+                                          const OpenOptions& options, bool read_only,
+                                          bool no_backing, Chain chain) {
+  // 1. Identify the file and refuse loops and over-deep chains before
+  //    opening anything.
+  struct stat st {};
+  if (::stat(filename.c_str(), &st) != 0) return Status::FromErrno(errno, filename);
+  for (const ChainLink& link : chain) {
+    if (link.dev == st.st_dev && link.ino == st.st_ino) {
+      return Status::InvalidArgument(LoopMessage(chain, filename));
+    }
+  }
+  // chain.size() is this layer's depth: 0 for the top image.
+  if (chain.size() > options.max_chain_depth) {
+    return Status::InvalidArgument("backing chain too deep (> " +
+                                   std::to_string(options.max_chain_depth) + ")");
+  }
+  chain.push_back({st.st_dev, st.st_ino, filename});
+
+  // 2. Open the host file and settle the format.
+  io::OpenOptions io_options;
+  io_options.read_only = read_only;
+  io_options.cache = options.cache;
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, io::OpenFile(filename, io_options));
+  if (format.empty()) {
+    TD_ASSIGN_OR_RETURN(format, ProbeStorage(*storage));
+  }
+
+  // 3. Hand it to the driver.
+  if (format == "raw") return raw::OpenRaw(std::move(storage), read_only, filename);
+  if (format != "qcow2") {
+    return Status::NotSupported(filename + ": unknown or unsupported format '" + format + "'");
+  }
+  qcow2::OpenOptions q;
+  q.read_only = read_only;
+  q.cache_bytes = options.cache_bytes;
+  q.no_backing = no_backing;
+  q.open_backing = [filename, options, chain](const std::string& name,
+                                              const std::string& backing_format)
+      -> Result<std::unique_ptr<Device>> {
+    // Backing files are only ever read through an overlay.
+    return OpenLayer(ResolveBackingName(filename, name), backing_format, options,
+                     /*read_only=*/true, /*no_backing=*/false, chain);
+  };
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<qcow2::Image> image,
+                      qcow2::Image::Open(std::move(storage), q));
+  return std::unique_ptr<Device>(std::move(image));
+}
+
+}  // namespace
+
+std::string ResolveBackingName(const std::string& overlay, const std::string& backing_name) {
+  if (backing_name.empty() || backing_name.front() == '/') return backing_name;
+  size_t slash = overlay.rfind('/');
+  if (slash == std::string::npos) return backing_name;
+  return overlay.substr(0, slash + 1) + backing_name;
+}
+
+Result<std::unique_ptr<Device>> Open(const std::string& filename, const OpenOptions& options) {
+  return OpenLayer(filename, options.format, options, options.read_only, options.no_backing,
+                   Chain{});
+}
+
+Result<std::string> ProbeFormat(const std::string& filename) {
+  io::OpenOptions io_options;
+  io_options.read_only = true;
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, io::OpenFile(filename, io_options));
+  return ProbeStorage(*storage);
+}
+
+}  // namespace thindisk::block

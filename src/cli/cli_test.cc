@@ -1,0 +1,479 @@
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/common.h"
+#include "cli/image_create.h"
+#include "cli/image_summary.h"
+#include "cli/io_cmd.h"
+#include "io/storage.h"
+#include "util/endian.h"
+
+namespace thindisk::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(ParseSizeTest, AcceptsQemuSuffixes) {
+  EXPECT_EQ(ParseSize("4096").value(), 4096u);
+  EXPECT_EQ(ParseSize("0").value(), 0u);
+  EXPECT_EQ(ParseSize("512b").value(), 512u);
+  EXPECT_EQ(ParseSize("64k").value(), 64u << 10);
+  EXPECT_EQ(ParseSize("64K").value(), 64u << 10);
+  EXPECT_EQ(ParseSize("10M").value(), 10ull << 20);
+  EXPECT_EQ(ParseSize("2G").value(), 2ull << 30);
+  EXPECT_EQ(ParseSize("1T").value(), 1ull << 40);
+  EXPECT_EQ(ParseSize("1P").value(), 1ull << 50);
+  EXPECT_EQ(ParseSize("3E").value(), 3ull << 60);
+  EXPECT_EQ(ParseSize("1.5G").value(), 3ull << 29);
+  EXPECT_EQ(ParseSize("0.5k").value(), 512u);
+}
+
+TEST(ParseSizeTest, RefusesJunkNegativeAndOverflow) {
+  for (const char* bad : {"", "k", "-1", "1Q", "12kb", "1.5", "1.", ".5k", "0x10", "16E",
+                          "99999999999999999999", " 1", "1 "}) {
+    auto r = ParseSize(bad);
+    EXPECT_FALSE(r.has_value()) << "'" << bad << "' parsed";
+    if (!r.has_value()) {
+      EXPECT_EQ(r.error().code(), Code::kInvalidArgument);
+    }
+  }
+}
+
+TEST(ParseOptionStringTest, SplitsKeysAndValues) {
+  auto o = ParseOptionString("cluster_size=64k,extended_l2=off,lazy_refcounts");
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->size(), 3u);
+  EXPECT_EQ(o->at("cluster_size"), "64k");
+  EXPECT_EQ(o->at("extended_l2"), "off");
+  EXPECT_EQ(o->at("lazy_refcounts"), "on");
+}
+
+TEST(ParseOptionStringTest, DoubleCommaIsLiteralAndLaterWins) {
+  auto o = ParseOptionString("backing_file=a,,b.qcow2,compat=0.10,compat=1.1,");
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->at("backing_file"), "a,b.qcow2");
+  EXPECT_EQ(o->at("compat"), "1.1");
+  EXPECT_FALSE(ParseOptionString("=x").has_value());
+  EXPECT_TRUE(ParseOptionString("").value().empty());
+}
+
+TEST(ParseOnOffTest, KnowsTheSpellings) {
+  EXPECT_TRUE(ParseOnOff("k", "on").value());
+  EXPECT_FALSE(ParseOnOff("k", "off").value());
+  EXPECT_TRUE(ParseOnOff("k", "true").value());
+  auto bad = ParseOnOff("extended_l2", "maybe");
+  ASSERT_FALSE(bad.has_value());
+  EXPECT_NE(bad.error().message().find("extended_l2"), std::string::npos);
+}
+
+TEST(HumanSizeTest, MatchesQemuFormatting) {
+  EXPECT_EQ(HumanSize(0), "0 B");
+  EXPECT_EQ(HumanSize(512), "512 B");
+  EXPECT_EQ(HumanSize(4096), "4 KiB");
+  EXPECT_EQ(HumanSize(331776), "324 KiB");
+  EXPECT_EQ(HumanSize(10ull << 20), "10 MiB");
+  EXPECT_EQ(HumanSize(3ull << 29), "1.5 GiB");
+  EXPECT_EQ(HumanSize(1000), "0.977 KiB");
+}
+
+TEST(IsAllZeroTest, FindsAnyNonZeroByte) {
+  std::vector<uint8_t> buf(100, 0);
+  EXPECT_TRUE(IsAllZero(buf.data(), buf.size()));
+  EXPECT_TRUE(IsAllZero(buf.data(), 0));
+  buf[99] = 1;
+  EXPECT_FALSE(IsAllZero(buf.data(), buf.size()));
+  EXPECT_TRUE(IsAllZero(buf.data(), 99));
+  buf[3] = 1;
+  EXPECT_FALSE(IsAllZero(buf.data(), 8));
+}
+
+TEST(ExitCodeTest, FollowsQemuImg) {
+  EXPECT_EQ(ExitCodeFor(Outcome::kSuccess, ErrorExit::kOne), 0);
+  EXPECT_EQ(ExitCodeFor(Outcome::kImagesDiffer, ErrorExit::kTwo), 1);
+  EXPECT_EQ(ExitCodeFor(Outcome::kCheckFoundCorruption, ErrorExit::kOne), 2);
+  EXPECT_EQ(ExitCodeFor(Outcome::kCheckFoundLeaks, ErrorExit::kOne), 3);
+  EXPECT_EQ(ExitCodeFor(Outcome::kCommandFailed, ErrorExit::kOne), 1);
+  EXPECT_EQ(ExitCodeFor(Status::NotFound("x"), ErrorExit::kOne), 1);
+  EXPECT_EQ(ExitCodeFor(Status::NotFound("x"), ErrorExit::kTwo), 2);
+}
+
+TEST(ParseIoCommandTest, WriteWithPatternAndSuffixes) {
+  auto r = ParseIoCommand("write -P 0xab 4k 64k");
+  ASSERT_TRUE(r.has_value()) << r.error().message();
+  EXPECT_EQ(r->kind, IoRequest::Kind::kWrite);
+  EXPECT_TRUE(r->has_pattern);
+  EXPECT_EQ(r->pattern, 0xab);
+  EXPECT_EQ(r->offset, 4096u);
+  EXPECT_EQ(r->length, 65536u);
+  auto glued = ParseIoCommand("write -P171 0 512");
+  ASSERT_TRUE(glued.has_value());
+  EXPECT_EQ(glued->pattern, 171);
+}
+
+TEST(ParseIoCommandTest, DefaultsAndFlags) {
+  auto w = ParseIoCommand("write 0 1M");
+  ASSERT_TRUE(w.has_value());
+  EXPECT_FALSE(w->has_pattern);
+  EXPECT_EQ(w->pattern, kDefaultWritePattern);
+  auto z = ParseIoCommand("write -z -u 1M 2M");
+  ASSERT_TRUE(z.has_value());
+  EXPECT_TRUE(z->zero);
+  EXPECT_TRUE(z->unmap);
+  EXPECT_EQ(z->offset, 1ull << 20);
+  auto zq = ParseIoCommand("write -zq 0 4k");
+  ASSERT_TRUE(zq.has_value());
+  EXPECT_TRUE(zq->zero);
+  EXPECT_TRUE(zq->quiet);
+  auto d = ParseIoCommand("  discard   64k 64k ");
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->kind, IoRequest::Kind::kDiscard);
+  EXPECT_EQ(ParseIoCommand("flush")->kind, IoRequest::Kind::kFlush);
+  EXPECT_EQ(ParseIoCommand("aio_flush")->kind, IoRequest::Kind::kFlush);
+  auto rd = ParseIoCommand("read -P 0 0 4k");
+  ASSERT_TRUE(rd.has_value());
+  EXPECT_TRUE(rd->has_pattern);
+  EXPECT_EQ(rd->pattern, 0);
+}
+
+TEST(ParseIoCommandTest, RefusesMalformedCommands) {
+  for (const char* bad : {"", "frobnicate 0 1", "write 0", "write 0 1 2", "read -P 256 0 1",
+                          "read -P x 0 1", "write -P", "write -z -P 1 0 1", "write -u 0 1",
+                          "read -z 0 1", "discard -P 1 0 1", "flush 0", "write 0 2G",
+                          "read 0 -1"}) {
+    EXPECT_FALSE(ParseIoCommand(bad).has_value()) << "'" << bad << "' parsed";
+  }
+  // Zeroing needs no buffer, so it may be large.
+  EXPECT_TRUE(ParseIoCommand("write -z 0 2G").has_value());
+}
+
+TEST(CreatePlanTest, OptionsAndFormattingLine) {
+  CreatePlan plan;
+  plan.format = "qcow2";
+  ASSERT_TRUE(ApplyCreateOptions(plan, {"cluster_size=64k,extended_l2=off",
+                                        "compression_type=zlib,preallocation=metadata"})
+                  .ok());
+  EXPECT_EQ(plan.qcow2.cluster_size, 65536u);
+  EXPECT_FALSE(plan.qcow2.extended_l2);
+  EXPECT_EQ(plan.qcow2.preallocation, qcow2::Preallocation::kMetadata);
+  plan.size = 1 << 20;
+  EXPECT_EQ(FormattingLine("a.qcow2", plan),
+            "Formatting 'a.qcow2', fmt=qcow2 cluster_size=65536 extended_l2=off "
+            "preallocation=metadata compression_type=zlib size=1048576 lazy_refcounts=off "
+            "refcount_bits=16");
+  EXPECT_FALSE(ApplyCreateOption(plan, "bogus", "1").ok());
+  EXPECT_FALSE(ApplyCreateOption(plan, "compat", "2.0").ok());
+  EXPECT_TRUE(ApplyCreateOption(plan, "compat", "v2").ok());
+  EXPECT_EQ(plan.qcow2.version, 2u);
+
+  CreatePlan raw;
+  raw.format = "raw";
+  EXPECT_TRUE(ApplyCreateOption(raw, "preallocation", "falloc").ok());
+  EXPECT_FALSE(ApplyCreateOption(raw, "preallocation", "metadata").ok());
+  EXPECT_FALSE(ApplyCreateOption(raw, "cluster_size", "64k").ok());
+  raw.size = 4096;
+  EXPECT_EQ(FormattingLine("r.img", raw), "Formatting 'r.img', fmt=raw size=4096 preallocation=falloc");
+}
+
+TEST(CreatePlanTest, DefaultsAreV3ExtendedL2Zstd128k) {
+  CreatePlan plan;
+  plan.format = "qcow2";
+  plan.size = 1 << 30;
+  EXPECT_EQ(FormattingLine("d.qcow2", plan),
+            "Formatting 'd.qcow2', fmt=qcow2 cluster_size=131072 extended_l2=on "
+            "compression_type=zstd size=1073741824 lazy_refcounts=off refcount_bits=16");
+}
+
+// End to end on raw files: the full command paths without the qcow2 engine.
+class ThindiskRawTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (fs::temp_directory_path() / "td_cli_XXXXXX").string();
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Path(const std::string& n) const { return (fs::path(dir_) / n).string(); }
+
+  int Run(std::vector<std::string> args) {
+    args.insert(args.begin(), "thindisk");
+    std::vector<const char*> argv;
+    for (const auto& a : args) argv.push_back(a.c_str());
+    return RunThindisk(static_cast<int>(argv.size()), argv.data());
+  }
+
+  std::string dir_;
+};
+
+TEST_F(ThindiskRawTest, CreateWriteReadCompareConvert) {
+  ASSERT_EQ(Run({"create", "-q", "-f", "raw", Path("a.raw"), "1M"}), 0);
+  EXPECT_EQ(fs::file_size(Path("a.raw")), 1u << 20);
+  ASSERT_EQ(Run({"io", "-f", "raw", "-c", "write -P 0x5a 64k 8k", Path("a.raw")}), 0);
+  EXPECT_EQ(Run({"io", "-f", "raw", "-c", "read -P 0x5a 64k 8k", Path("a.raw")}), 0);
+  EXPECT_EQ(Run({"io", "-f", "raw", "-c", "read -P 0x5a 60k 8k", Path("a.raw")}), 1);
+
+  ASSERT_EQ(Run({"convert", "-f", "raw", "-O", "raw", Path("a.raw"), Path("b.raw")}), 0);
+  EXPECT_EQ(Run({"compare", "-q", Path("a.raw"), Path("b.raw")}), 0);
+  // Only data was written: the copy is as sparse as the source's data.
+  struct stat st {};
+  ASSERT_EQ(::stat(Path("b.raw").c_str(), &st), 0);
+  EXPECT_LE(static_cast<uint64_t>(st.st_blocks) * 512, 64u << 10);
+
+  ASSERT_EQ(Run({"io", "-f", "raw", "-c", "write -P 1 100k 1", Path("b.raw")}), 0);
+  EXPECT_EQ(Run({"compare", "-q", Path("a.raw"), Path("b.raw")}), 1);
+  EXPECT_EQ(Run({"compare", "-q", Path("a.raw"), Path("missing.raw")}), 2);
+}
+
+TEST_F(ThindiskRawTest, CompareSizeRule) {
+  ASSERT_EQ(Run({"create", "-q", "-f", "raw", Path("small.raw"), "64k"}), 0);
+  ASSERT_EQ(Run({"create", "-q", "-f", "raw", Path("big.raw"), "128k"}), 0);
+  EXPECT_EQ(Run({"compare", "-q", Path("small.raw"), Path("big.raw")}), 0);
+  EXPECT_EQ(Run({"compare", "-q", "-s", Path("small.raw"), Path("big.raw")}), 1);
+  ASSERT_EQ(Run({"io", "-f", "raw", "-c", "write -P 7 100k 1", Path("big.raw")}), 0);
+  EXPECT_EQ(Run({"compare", "-q", Path("small.raw"), Path("big.raw")}), 1);
+}
+
+TEST_F(ThindiskRawTest, DiscardAndZeroesReadBackAsZeros) {
+  ASSERT_EQ(Run({"create", "-q", "-f", "raw", Path("z.raw"), "256k"}), 0);
+  ASSERT_EQ(Run({"io", "-f", "raw", "-c", "write 0 256k", "-c", "discard 0 64k", "-c",
+                 "write -z 64k 64k", "-c", "flush", Path("z.raw")}),
+            0);
+  EXPECT_EQ(Run({"io", "-f", "raw", "-c", "read -P 0 0 128k", "-c", "read -P 0xcd 128k 128k",
+                 Path("z.raw")}),
+            0);
+}
+
+TEST_F(ThindiskRawTest, ConvertFailureLeavesNoDestination) {
+  // Converting onto a missing source creates nothing.
+  EXPECT_EQ(Run({"convert", "-O", "raw", Path("nope.raw"), Path("out.raw")}), 1);
+  EXPECT_FALSE(fs::exists(Path("out.raw")));
+  // A file converted onto itself is refused, not truncated.
+  ASSERT_EQ(Run({"create", "-q", "-f", "raw", Path("self.raw"), "64k"}), 0);
+  EXPECT_EQ(Run({"convert", "-f", "raw", "-O", "raw", Path("self.raw"), Path("self.raw")}), 1);
+  EXPECT_EQ(fs::file_size(Path("self.raw")), 64u << 10);
+}
+
+TEST_F(ThindiskRawTest, BadArgumentsExitOne) {
+  EXPECT_EQ(Run({"create", "-f", "raw", Path("x.raw"), "1Q"}), 1);
+  EXPECT_FALSE(fs::exists(Path("x.raw")));
+  EXPECT_EQ(Run({"create", "-f", "vmdk", Path("x.raw"), "1M"}), 1);
+  EXPECT_EQ(Run({"frobnicate"}), 1);
+  EXPECT_EQ(Run({"--version"}), 0);
+}
+
+// ---- qcow2, checked against qemu-img itself ----
+
+bool HaveQemuImg() { return std::system("qemu-img --version >/dev/null 2>&1") == 0; }
+
+#define REQUIRE_QEMU_IMG()                                           \
+  do {                                                               \
+    if (!HaveQemuImg()) {                                            \
+      if (std::getenv("CI")) FAIL() << "qemu-img is required in CI"; \
+      GTEST_SKIP() << "qemu-img not installed";                      \
+    }                                                                \
+  } while (0)
+
+class ThindiskQcow2Test : public ThindiskRawTest {
+ protected:
+  // Runs a shell command in dir_ and returns its exit status.
+  int Sh(const std::string& cmd) {
+    int rc = std::system(("cd '" + dir_ + "' && " + cmd + " >/dev/null 2>&1").c_str());
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  }
+  // stdout of a shell command run in dir_.
+  std::string ShOut(const std::string& cmd) {
+    std::string out;
+    FILE* p = ::popen(("cd '" + dir_ + "' && " + cmd).c_str(), "r");
+    if (!p) return out;
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    ::pclose(p);
+    return out;
+  }
+  // Our stdout for a thindisk command.
+  std::string Capture(std::vector<std::string> args, int* rc) {
+    ::testing::internal::CaptureStdout();
+    *rc = Run(std::move(args));
+    return ::testing::internal::GetCapturedStdout();
+  }
+};
+
+TEST_F(ThindiskQcow2Test, InfoJsonMatchesQemuImg) {
+  REQUIRE_QEMU_IMG();
+  ASSERT_EQ(Sh("mkdir sub && qemu-img create -f raw sub/base.raw 2M && "
+               "qemu-img create -f qcow2 -o extended_l2=on,cluster_size=64k -b base.raw -F raw "
+               "sub/top.qcow2 && qemu-img create -f qcow2 -o compat=0.10 v2.qcow2 1G && "
+               "qemu-img snapshot -c snap1 v2.qcow2"),
+            0);
+  for (const char* image : {"sub/top.qcow2", "v2.qcow2", "sub/base.raw"}) {
+    int rc = -1;
+    std::string ours = Capture({"info", "--output=json", Path(image)}, &rc);
+    ASSERT_EQ(rc, 0) << image;
+    std::string theirs = ShOut("qemu-img info --output=json '" + Path(image) + "'");
+    EXPECT_EQ(nlohmann::json::parse(ours), nlohmann::json::parse(theirs)) << image;
+    std::string ours_human = Capture({"info", Path(image)}, &rc);
+    EXPECT_EQ(ours_human, ShOut("qemu-img info '" + Path(image) + "'")) << image;
+  }
+  int rc = -1;
+  std::string ours = Capture({"info", "--output=json", "--backing-chain", Path("sub/top.qcow2")}, &rc);
+  ASSERT_EQ(rc, 0);
+  std::string theirs =
+      ShOut("qemu-img info --output=json --backing-chain '" + Path("sub/top.qcow2") + "'");
+  EXPECT_EQ(nlohmann::json::parse(ours), nlohmann::json::parse(theirs));
+}
+
+TEST_F(ThindiskQcow2Test, CreateDefaultsPassQemuCheck) {
+  REQUIRE_QEMU_IMG();
+  ASSERT_EQ(Run({"create", "-q", Path("d.qcow2"), "1G"}), 0);
+  EXPECT_EQ(Sh("qemu-img check d.qcow2"), 0);
+  auto info = nlohmann::json::parse(ShOut("qemu-img info --output=json d.qcow2"));
+  EXPECT_EQ(info["cluster-size"], 131072);
+  EXPECT_EQ(info["format-specific"]["data"]["extended-l2"], true);
+  EXPECT_EQ(info["format-specific"]["data"]["compression-type"], "zstd");
+  EXPECT_EQ(info["format-specific"]["data"]["compat"], "1.1");
+  // Without a size, a backed image takes its backing file's.
+  ASSERT_EQ(Run({"create", "-q", "-b", "d.qcow2", "-F", "qcow2", Path("o.qcow2")}), 0);
+  auto o = nlohmann::json::parse(ShOut("qemu-img info --output=json o.qcow2"));
+  EXPECT_EQ(o["virtual-size"], 1ull << 30);
+  EXPECT_EQ(o["backing-filename"], "d.qcow2");
+}
+
+TEST_F(ThindiskQcow2Test, FailedCreateLeavesNoFile) {
+  ASSERT_NE(Run({"create", "-q", "-o", "cluster_size=3", Path("bad.qcow2"), "1M"}), 0);
+  EXPECT_FALSE(fs::exists(Path("bad.qcow2")));
+  ASSERT_NE(Run({"create", "-q", "-o", "compat=0.10,compression_type=zstd", Path("bad.qcow2"),
+                 "1M"}),
+            0);
+  EXPECT_FALSE(fs::exists(Path("bad.qcow2")));
+}
+
+TEST_F(ThindiskQcow2Test, ConvertCompressedAndPlainMatchSource) {
+  REQUIRE_QEMU_IMG();
+  ASSERT_EQ(Sh("qemu-img create -f raw src.raw 3M && "
+               "qemu-io -f raw -c 'write -P 0x11 0 200k' -c 'write -P 0x22 1M 4k' "
+               "-c 'write -P 0x33 3068k 4k' src.raw"),
+            0);
+  ASSERT_EQ(Run({"convert", "-f", "raw", "-O", "qcow2", "-c", Path("src.raw"), Path("c.qcow2")}), 0);
+  EXPECT_EQ(Sh("qemu-img check c.qcow2"), 0);
+  EXPECT_EQ(Sh("qemu-img compare -f raw -F qcow2 src.raw c.qcow2"), 0);
+  auto check = nlohmann::json::parse(ShOut("qemu-img check --output=json c.qcow2"));
+  EXPECT_GT(check.value("compressed-clusters", 0), 0);
+
+  ASSERT_EQ(Run({"convert", "-O", "qcow2", Path("c.qcow2"), Path("p.qcow2")}), 0);
+  EXPECT_EQ(Sh("qemu-img compare -f raw -F qcow2 src.raw p.qcow2"), 0);
+  ASSERT_EQ(Run({"convert", "-O", "raw", Path("p.qcow2"), Path("back.raw")}), 0);
+  EXPECT_EQ(Sh("cmp src.raw back.raw"), 0);
+  // The source is never modified.
+  EXPECT_EQ(Sh("qemu-img check c.qcow2"), 0);
+}
+
+TEST_F(ThindiskQcow2Test, MapJsonMatchesQemuImgOnRaw) {
+  REQUIRE_QEMU_IMG();
+  ASSERT_EQ(Sh("qemu-img create -f raw r.raw 1M && "
+               "qemu-io -f raw -c 'write 64k 64k' -c 'write 512k 4k' r.raw"),
+            0);
+  int rc = -1;
+  std::string ours = Capture({"map", "-f", "raw", "--output=json", Path("r.raw")}, &rc);
+  ASSERT_EQ(rc, 0);
+  std::string theirs = ShOut("qemu-img map -f raw --output=json '" + Path("r.raw") + "'");
+  // Same extents apart from qemu's choice to call the first 4 KiB of a raw
+  // file data whatever it holds.
+  auto a = nlohmann::json::parse(ours);
+  auto b = nlohmann::json::parse(theirs);
+  ASSERT_FALSE(a.empty());
+  EXPECT_EQ(a.back(), b.back());
+  auto data_starts = [](const nlohmann::json& v) {
+    std::vector<uint64_t> s;
+    for (const auto& e : v) {
+      if (e["data"] == true && e["start"] != 0) s.push_back(e["start"]);
+    }
+    return s;
+  };
+  EXPECT_EQ(data_starts(a), data_starts(b));
+}
+
+// Adds an unreferenced cluster with refcount 1 at the end of the image.
+void MakeLeak(const std::string& path) {
+  io::OpenOptions o;
+  auto storage = io::OpenFile(path, o);
+  ASSERT_TRUE(storage.has_value()) << storage.error().message();
+  auto header = ReadQcow2Header(**storage);
+  ASSERT_TRUE(header.has_value()) << header.error().message();
+  uint64_t cs = header->cluster_size();
+  uint64_t size = (*storage)->Size().value();
+  uint64_t leaked = size / cs;
+  ASSERT_TRUE((*storage)->Resize((leaked + 1) * cs).ok());
+  uint8_t entry[8];
+  ASSERT_TRUE((*storage)->ReadAt(header->refcount_table_offset, entry).ok());
+  uint64_t block = LoadBe64(entry);
+  ASSERT_EQ(header->refcount_order, 4u);
+  uint8_t one[2];
+  StoreBe16(one, 1);
+  ASSERT_TRUE((*storage)->WriteAt(block + leaked * 2, one).ok());
+  ASSERT_TRUE((*storage)->Flush().ok());
+}
+
+// Makes the L2 entry of guest cluster `guest_cluster` (standard 64 KiB
+// clusters, 8-byte entries) point at an unaligned host offset.
+void CorruptL2Entry(const std::string& path, uint64_t guest_cluster) {
+  io::OpenOptions o;
+  auto storage = io::OpenFile(path, o);
+  ASSERT_TRUE(storage.has_value()) << storage.error().message();
+  auto header = ReadQcow2Header(**storage);
+  ASSERT_TRUE(header.has_value());
+  ASSERT_EQ(header->cluster_size(), 65536u);
+  ASSERT_FALSE(header->extended_l2());
+  uint64_t per_l2 = header->cluster_size() / 8;
+  uint8_t word[8];
+  ASSERT_TRUE((*storage)->ReadAt(header->l1_table_offset + guest_cluster / per_l2 * 8, word).ok());
+  uint64_t l2 = LoadBe64(word) & 0x00fffffffffffe00ull;
+  ASSERT_NE(l2, 0u);
+  uint64_t at = l2 + guest_cluster % per_l2 * 8;
+  ASSERT_TRUE((*storage)->ReadAt(at, word).ok());
+  ASSERT_NE(LoadBe64(word), 0u);
+  StoreBe64(word, LoadBe64(word) + 512);
+  ASSERT_TRUE((*storage)->WriteAt(at, word).ok());
+  ASSERT_TRUE((*storage)->Flush().ok());
+}
+
+TEST_F(ThindiskQcow2Test, ConvertFailingMidCopyRemovesDestination) {
+  REQUIRE_QEMU_IMG();
+  // Two L2 tables; the second is only read when the copy reaches it.
+  ASSERT_EQ(Sh("qemu-img create -f qcow2 src.qcow2 1G && "
+               "qemu-io -c 'write -P 1 0 64k' -c 'write -P 2 600M 64k' src.qcow2"),
+            0);
+  CorruptL2Entry(Path("src.qcow2"), (600ull << 20) / 65536);
+  EXPECT_EQ(Run({"convert", "-O", "raw", Path("src.qcow2"), Path("dst.raw")}), 1);
+  EXPECT_FALSE(fs::exists(Path("dst.raw")));
+  EXPECT_EQ(Run({"convert", "-O", "qcow2", "-c", Path("src.qcow2"), Path("dst.qcow2")}), 1);
+  EXPECT_FALSE(fs::exists(Path("dst.qcow2")));
+}
+
+TEST_F(ThindiskQcow2Test, CheckExitCodesAndRepair) {
+  REQUIRE_QEMU_IMG();
+  ASSERT_EQ(Sh("qemu-img create -f qcow2 l.qcow2 16M && qemu-io -c 'write 0 64k' l.qcow2"), 0);
+  EXPECT_EQ(Run({"check", "-q", Path("l.qcow2")}), 0);
+  MakeLeak(Path("l.qcow2"));
+  ASSERT_EQ(Sh("qemu-img check l.qcow2"), 3);  // qemu-img agrees it is a leak
+  int rc = -1;
+  auto report = nlohmann::json::parse(Capture({"check", "--output=json", Path("l.qcow2")}, &rc));
+  EXPECT_EQ(rc, 3);
+  EXPECT_EQ(report["leaks"], 1);
+  EXPECT_EQ(report["check-errors"], 0);
+  EXPECT_EQ(Run({"check", "-q", "-r", "leaks", Path("l.qcow2")}), 0);
+  EXPECT_EQ(Sh("qemu-img check l.qcow2"), 0);
+  ASSERT_EQ(Sh("qemu-img create -f raw r.raw 1M"), 0);
+  EXPECT_EQ(Run({"check", Path("r.raw")}), 1);
+}
+
+}  // namespace
+}  // namespace thindisk::cli

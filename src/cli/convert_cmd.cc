@@ -1,0 +1,219 @@
+// thindisk convert: copy an image's guest content into a new image, writing
+// only what holds data (zero and unallocated ranges are skipped, and so are
+// all-zero buffers), optionally compressed. The source is opened read-only;
+// a failed conversion removes the destination.
+#include <CLI/CLI.hpp>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "block/open.h"
+#include "cli/common.h"
+#include "cli/image_create.h"
+#include "qcow2/image.h"
+
+namespace thindisk::cli {
+namespace {
+
+// Bytes read from the source per step.
+constexpr uint64_t kCopyChunk = 2ull << 20;
+// Zero detection grain inside a chunk: a run of zeros this large is not
+// written (qemu-img convert's default -S is 4 KiB).
+constexpr uint64_t kSparseGrain = 4096;
+
+class Converter {
+ public:
+  Converter(block::Device& src, block::Device& dst, bool target_has_backing, Progress& progress)
+      : src_(src), dst_(dst), target_has_backing_(target_has_backing), progress_(progress) {}
+
+  Status CopyPlain() {
+    const uint64_t size = src_.size();
+    std::vector<uint8_t> buf(kCopyChunk);
+    for (uint64_t offset = 0; offset < size;) {
+      TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, size - offset));
+      if (e.length == 0) return Status::Internal("block status returned an empty extent");
+      uint64_t n = std::min(e.length, size - offset);
+      if (!SkipExtent(e)) n = std::min(n, kCopyChunk);  // what one buffer holds
+      if (SkipExtent(e)) {
+        // Nothing to write: the fresh target already reads the same.
+      } else if (e.zero) {
+        // Only reached with a target backing file: zeros must hide it.
+        TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset, n));
+      } else {
+        std::span<uint8_t> data(buf.data(), n);
+        TD_RETURN_IF_ERROR(src_.Read(offset, data));
+        TD_RETURN_IF_ERROR(WriteNonZeroRuns(offset, data));
+      }
+      offset += n;
+      progress_.Update(offset, size);
+    }
+    return Status::Ok();
+  }
+
+  Status CopyCompressed() {
+    auto* image = dynamic_cast<qcow2::Image*>(&dst_);
+    if (image == nullptr) return Status::InvalidArgument("compression (-c) needs a qcow2 target");
+    const uint64_t size = src_.size();
+    const uint64_t cluster = image->header().cluster_size();
+    std::vector<uint8_t> buf(cluster);
+    for (uint64_t offset = 0; offset < size;) {
+      uint64_t n = std::min(cluster, size - offset);
+      TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, size - offset));
+      if (e.length >= n && SkipExtent(e)) {
+        // Jump over every whole cluster the skippable extent covers.
+        uint64_t end = offset + e.length;
+        uint64_t next = end >= size ? size : end - end % cluster;
+        offset = std::max(next, offset + n);
+        progress_.Update(offset, size);
+        continue;
+      }
+      std::span<uint8_t> data(buf.data(), n);
+      TD_RETURN_IF_ERROR(src_.Read(offset, data));
+      if (IsAllZero(data.data(), n)) {
+        if (target_has_backing_) TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset, n));
+      } else {
+        TD_RETURN_IF_ERROR(image->WriteCompressed(offset, data));
+      }
+      offset += n;
+      progress_.Update(offset, size);
+    }
+    return Status::Ok();
+  }
+
+ private:
+  // Whether the extent needs no write at all. Without a target backing file
+  // the new image reads as zeros, so zero extents are skipped. With one
+  // (-B), what the source's own top layer does not hold comes from the
+  // backing file the target will share, as qemu-img convert -B assumes.
+  bool SkipExtent(const block::Extent& e) const {
+    if (target_has_backing_) return e.depth > 0 || !e.present;
+    return e.zero;
+  }
+
+  // Writes the parts of `data` that are not all zero, in maximal runs.
+  Status WriteNonZeroRuns(uint64_t offset, std::span<const uint8_t> data) {
+    size_t run_start = 0;
+    bool in_run = false;
+    for (size_t pos = 0; pos < data.size(); pos += kSparseGrain) {
+      size_t len = std::min<size_t>(kSparseGrain, data.size() - pos);
+      bool zero = IsAllZero(data.data() + pos, len);
+      if (!zero && !in_run) {
+        run_start = pos;
+        in_run = true;
+      } else if (zero && in_run) {
+        TD_RETURN_IF_ERROR(dst_.Write(offset + run_start, data.subspan(run_start, pos - run_start)));
+        in_run = false;
+      }
+      if (zero && target_has_backing_) {
+        TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset + pos, len));
+      }
+    }
+    if (in_run) TD_RETURN_IF_ERROR(dst_.Write(offset + run_start, data.subspan(run_start)));
+    return Status::Ok();
+  }
+
+  block::Device& src_;
+  block::Device& dst_;
+  bool target_has_backing_;
+  Progress& progress_;
+};
+
+class ConvertCommand final : public Subcommand {
+ public:
+  CLI::App* Register(CLI::App& app) override {
+    CLI::App* sub = app.add_subcommand("convert", "Copy an image into a new one (any format)");
+    sub->add_option("-f", src_format_, "Source format (default: probe)");
+    sub->add_option("-O", dst_format_, "Destination format: raw (default) or qcow2")
+        ->check(CLI::IsMember({"qcow2", "raw"}));
+    sub->add_option("-o", option_strings_, "Destination format options key=value,...")
+        ->allow_extra_args(false);
+    sub->add_flag("-c", compress_, "Compress the destination (qcow2)");
+    sub->add_flag("-p", progress_, "Show progress");
+    sub->add_flag("-q", quiet_, "Quiet (no progress)");
+    sub->add_option("-B", backing_, "Backing file of the destination (data the source's "
+                                    "backing chain holds is not copied)");
+    sub->add_option("-F", backing_format_, "Format of the -B backing file");
+    sub->add_flag("-U,--force-share", force_share_, "Accepted for qemu-img compatibility");
+    sub->add_option("source", src_file_, "Source image")->required();
+    sub->add_option("destination", dst_file_, "Destination image (created)")->required();
+    return sub;
+  }
+
+  Result<Outcome> Run() override {
+    block::OpenOptions src_options;
+    src_options.format = src_format_;
+    src_options.read_only = true;
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> src, block::Open(src_file_, src_options));
+    TD_RETURN_IF_ERROR(RefuseSameFile());
+    if (compress_ && dst_format_ != "qcow2") {
+      return Status::InvalidArgument("compression (-c) needs -O qcow2");
+    }
+
+    CreatePlan plan;
+    plan.format = dst_format_;
+    TD_RETURN_IF_ERROR(ApplyCreateOptions(plan, option_strings_));
+    plan.size = src->size();
+    plan.have_size = true;
+    if (!backing_.empty()) {
+      if (dst_format_ != "qcow2") return Status::InvalidArgument("-B needs -O qcow2");
+      plan.backing_file = backing_;
+      plan.backing_format = backing_format_;
+      if (plan.backing_format.empty()) {
+        TD_ASSIGN_OR_RETURN(plan.backing_format,
+                            block::ProbeFormat(block::ResolveBackingName(dst_file_, backing_)));
+      }
+    }
+    TD_RETURN_IF_ERROR(CreateImageFile(dst_file_, plan));
+
+    Status s = Copy(*src, !plan.backing_file.empty());
+    if (!s.ok()) {
+      ::unlink(dst_file_.c_str());
+      return s;
+    }
+    (void)src->Close();
+    return Outcome::kSuccess;
+  }
+
+ private:
+  Status RefuseSameFile() const {
+    struct stat a {}, b {};
+    if (::stat(src_file_.c_str(), &a) == 0 && ::stat(dst_file_.c_str(), &b) == 0 &&
+        a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+      return Status::InvalidArgument("source and destination are the same file: " + dst_file_);
+    }
+    return Status::Ok();
+  }
+
+  Status Copy(block::Device& src, bool target_has_backing) {
+    block::OpenOptions dst_options;
+    dst_options.format = dst_format_;
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> dst, block::Open(dst_file_, dst_options));
+    Progress progress(progress_ && !quiet_);
+    Converter converter(src, *dst, target_has_backing, progress);
+    progress.Update(0, src.size());
+    TD_RETURN_IF_ERROR(compress_ ? converter.CopyCompressed() : converter.CopyPlain());
+    progress.Update(src.size(), src.size());
+    progress.Finish();
+    return dst->Close();
+  }
+
+  std::string src_format_;
+  std::string dst_format_ = "raw";
+  std::vector<std::string> option_strings_;
+  bool compress_ = false;
+  bool progress_ = false;
+  bool quiet_ = false;
+  std::string backing_;
+  std::string backing_format_;
+  bool force_share_ = false;
+  std::string src_file_;
+  std::string dst_file_;
+};
+
+}  // namespace
+
+std::unique_ptr<Subcommand> NewConvertCommand() { return std::make_unique<ConvertCommand>(); }
+
+}  // namespace thindisk::cli

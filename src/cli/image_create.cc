@@ -1,0 +1,145 @@
+#include "cli/image_create.h"
+
+#include <unistd.h>
+
+#include "cli/common.h"
+
+namespace thindisk::cli {
+namespace {
+
+Status WriteImage(io::Storage& storage, const CreatePlan& plan, std::string* warning) {
+  if (plan.format == "raw") return raw::CreateRaw(storage, plan.size, plan.raw_prealloc, warning);
+  qcow2::CreateOptions q = plan.qcow2;
+  q.size = plan.size;
+  q.backing_file = plan.backing_file;
+  q.backing_format = plan.backing_format;
+  return qcow2::Create(storage, q, warning);
+}
+
+Result<qcow2::Preallocation> ParseQcow2Prealloc(const std::string& v) {
+  if (v == "off") return qcow2::Preallocation::kOff;
+  if (v == "metadata") return qcow2::Preallocation::kMetadata;
+  if (v == "falloc") return qcow2::Preallocation::kFalloc;
+  if (v == "full") return qcow2::Preallocation::kFull;
+  return Status::InvalidArgument("invalid preallocation mode '" + v +
+                                 "' (off, metadata, falloc or full)");
+}
+
+Result<raw::RawPrealloc> ParseRawPrealloc(const std::string& v) {
+  if (v == "off") return raw::RawPrealloc::kOff;
+  if (v == "falloc") return raw::RawPrealloc::kFalloc;
+  if (v == "full") return raw::RawPrealloc::kFull;
+  return Status::InvalidArgument("invalid preallocation mode '" + v +
+                                 "' for raw (off, falloc or full)");
+}
+
+}  // namespace
+
+Status ApplyCreateOption(CreatePlan& plan, const std::string& key, const std::string& value) {
+  if (key == "size") {
+    TD_ASSIGN_OR_RETURN(plan.size, ParseSize(value));
+    plan.have_size = true;
+  } else if (key == "backing_file") {
+    plan.backing_file = value;
+  } else if (key == "backing_fmt") {
+    plan.backing_format = value;
+  } else if (key == "preallocation") {
+    if (plan.format == "raw") {
+      TD_ASSIGN_OR_RETURN(plan.raw_prealloc, ParseRawPrealloc(value));
+    } else {
+      TD_ASSIGN_OR_RETURN(plan.qcow2.preallocation, ParseQcow2Prealloc(value));
+    }
+    plan.preallocation_text = value;
+  } else if (plan.format == "raw") {
+    return Status::InvalidArgument("invalid parameter '" + key + "' for format raw");
+  } else if (key == "cluster_size") {
+    TD_ASSIGN_OR_RETURN(uint64_t cs, ParseSize(value));
+    if (cs > (1u << qcow2::kMaxClusterBits)) {
+      return Status::InvalidArgument("cluster size must be a power of two between 512 and 2048k");
+    }
+    plan.qcow2.cluster_size = static_cast<uint32_t>(cs);
+  } else if (key == "extended_l2") {
+    TD_ASSIGN_OR_RETURN(plan.qcow2.extended_l2, ParseOnOff(key, value));
+    plan.extended_l2_given = true;
+  } else if (key == "lazy_refcounts") {
+    TD_ASSIGN_OR_RETURN(plan.qcow2.lazy_refcounts, ParseOnOff(key, value));
+  } else if (key == "compression_type") {
+    if (value == "zlib") {
+      plan.qcow2.compression_type = qcow2::CompressionType::kZlib;
+    } else if (value == "zstd") {
+      plan.qcow2.compression_type = qcow2::CompressionType::kZstd;
+    } else {
+      return Status::InvalidArgument("invalid compression_type '" + value + "' (zlib or zstd)");
+    }
+    plan.compression_type_given = true;
+  } else if (key == "refcount_bits") {
+    TD_ASSIGN_OR_RETURN(uint64_t bits, ParseSize(value));
+    if (bits > 64) return Status::InvalidArgument("refcount_bits must be a power of two <= 64");
+    plan.qcow2.refcount_bits = static_cast<uint32_t>(bits);
+  } else if (key == "compat") {
+    if (value == "0.10" || value == "v2") {
+      plan.qcow2.version = 2;
+    } else if (value == "1.1" || value == "v3") {
+      plan.qcow2.version = 3;
+    } else {
+      return Status::InvalidArgument("invalid compat level '" + value + "' (0.10, 1.1, v2, v3)");
+    }
+    plan.compat_text = value;
+  } else {
+    return Status::InvalidArgument("invalid parameter '" + key + "' for format qcow2");
+  }
+  return Status::Ok();
+}
+
+std::string FormattingLine(const std::string& filename, const CreatePlan& p) {
+  std::string line = "Formatting '" + filename + "', fmt=" + p.format;
+  if (p.format == "raw") {
+    line += " size=" + std::to_string(p.size);
+    if (!p.preallocation_text.empty()) line += " preallocation=" + p.preallocation_text;
+    return line;
+  }
+  const qcow2::CreateOptions& q = p.qcow2;
+  line += " cluster_size=" + std::to_string(q.cluster_size);
+  line += std::string(" extended_l2=") + (q.extended_l2 ? "on" : "off");
+  if (!p.preallocation_text.empty()) line += " preallocation=" + p.preallocation_text;
+  line += std::string(" compression_type=") +
+          (q.compression_type == qcow2::CompressionType::kZstd ? "zstd" : "zlib");
+  line += " size=" + std::to_string(p.size);
+  if (!p.backing_file.empty()) line += " backing_file=" + p.backing_file;
+  if (!p.backing_format.empty()) line += " backing_fmt=" + p.backing_format;
+  if (!p.compat_text.empty()) line += " compat=" + p.compat_text;
+  line += std::string(" lazy_refcounts=") + (q.lazy_refcounts ? "on" : "off");
+  line += " refcount_bits=" + std::to_string(q.refcount_bits);
+  return line;
+}
+
+Status ApplyCreateOptions(CreatePlan& plan, const std::vector<std::string>& option_strings) {
+  for (const std::string& text : option_strings) {
+    TD_ASSIGN_OR_RETURN(OptionMap options, ParseOptionString(text));
+    for (const auto& [key, value] : options) TD_RETURN_IF_ERROR(ApplyCreateOption(plan, key, value));
+  }
+  if (plan.format == "qcow2" && plan.qcow2.version < 3) {
+    if (!plan.extended_l2_given) plan.qcow2.extended_l2 = false;
+    if (!plan.compression_type_given) plan.qcow2.compression_type = qcow2::CompressionType::kZlib;
+  }
+  return Status::Ok();
+}
+
+Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
+  io::OpenOptions io_options;
+  io_options.create = true;
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, io::OpenFile(filename, io_options));
+  std::string warning;
+  Status s = storage->Resize(0);  // qemu-img create overwrites an existing file
+  if (s.ok()) s = WriteImage(*storage, plan, &warning);
+  if (s.ok()) s = storage->Flush();
+  storage.reset();
+  if (!s.ok()) {
+    ::unlink(filename.c_str());
+    return s.WithContext(filename);
+  }
+  if (!warning.empty()) PrintWarning(warning);
+  return Status::Ok();
+}
+
+}  // namespace thindisk::cli

@@ -1,0 +1,49 @@
+// Creating an image file from qemu-img style settings: shared by `create`
+// and `convert` (which creates its destination the same way).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "qcow2/image.h"
+#include "raw/raw_image.h"
+#include "util/result.h"
+
+namespace thindisk::cli {
+
+// The settings one create run ends up with, from flags and -o together.
+struct CreatePlan {
+  std::string format;
+  bool have_size = false;
+  uint64_t size = 0;
+  std::string backing_file;
+  std::string backing_format;
+  qcow2::CreateOptions qcow2;
+  raw::RawPrealloc raw_prealloc = raw::RawPrealloc::kOff;
+  std::string preallocation_text;  // as given, for the "Formatting" line
+  std::string compat_text;
+  // Whether -o named these, so compat=0.10 can drop our v3-only defaults.
+  bool extended_l2_given = false;
+  bool compression_type_given = false;
+};
+
+// Applies one -o key=value to `plan` (plan.format must be set first).
+// kInvalidArgument names the key or value that is wrong.
+Status ApplyCreateOption(CreatePlan& plan, const std::string& key, const std::string& value);
+
+// Applies every "-o" string in order. With compat=0.10 (v2), the v3-only
+// defaults (extended L2, zstd) fall back to what v2 can store unless -o
+// asked for them explicitly (then creation fails with the reason).
+Status ApplyCreateOptions(CreatePlan& plan, const std::vector<std::string>& option_strings);
+
+// qemu-img's "Formatting 'FILE', fmt=qcow2 cluster_size=... size=..." line.
+std::string FormattingLine(const std::string& filename, const CreatePlan& plan);
+
+// Creates (or truncates) `filename` and writes an empty image per `plan`.
+// On failure after the file was created, removes it so no half-made image
+// is left. A fallback the host forced (falloc -> zeros) is printed as a
+// warning on stderr.
+Status CreateImageFile(const std::string& filename, const CreatePlan& plan);
+
+}  // namespace thindisk::cli

@@ -1,0 +1,103 @@
+#include "cli/image_summary.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <set>
+#include <utility>
+
+#include "block/open.h"
+
+namespace thindisk::cli {
+
+namespace {
+
+// The header, its extensions and the backing name all lie in the first
+// cluster, and clusters are at most 2^kMaxClusterBits bytes.
+constexpr uint64_t kHeaderReadLimit = 1ull << qcow2::kMaxClusterBits;
+// The snapshot table is read whole; qemu refuses tables above 64 MiB, so a
+// larger read could only serve a hostile header.
+constexpr uint64_t kSnapshotTableReadLimit = 64ull << 20;
+
+Result<std::vector<qcow2::Snapshot>> ReadSnapshots(io::Storage& storage, const qcow2::Header& h) {
+  if (h.nb_snapshots == 0) return std::vector<qcow2::Snapshot>{};
+  TD_ASSIGN_OR_RETURN(uint64_t file_size, storage.Size());
+  if (h.snapshots_offset >= file_size) {
+    return Status::Corrupt("snapshot table offset is past the end of the file");
+  }
+  std::vector<uint8_t> bytes(std::min(file_size - h.snapshots_offset, kSnapshotTableReadLimit));
+  TD_RETURN_IF_ERROR(storage.ReadAt(h.snapshots_offset, bytes));
+  return qcow2::DecodeSnapshotTable(bytes, h.nb_snapshots, h.cluster_bits);
+}
+
+}  // namespace
+
+Result<qcow2::Header> ReadQcow2Header(io::Storage& storage) {
+  TD_ASSIGN_OR_RETURN(uint64_t file_size, storage.Size());
+  std::vector<uint8_t> bytes(std::min(file_size, kHeaderReadLimit));
+  TD_RETURN_IF_ERROR(storage.ReadAt(0, bytes));
+  return qcow2::DecodeHeader(bytes, file_size);
+}
+
+Result<ImageSummary> ReadImageSummary(const std::string& filename, const std::string& format) {
+  ImageSummary s;
+  s.filename = filename;
+  s.format = format;
+  if (s.format.empty()) {
+    TD_ASSIGN_OR_RETURN(s.format, block::ProbeFormat(filename));
+  }
+  if (s.format != "raw" && s.format != "qcow2") {
+    return Status::NotSupported(filename + ": unknown or unsupported format '" + s.format + "'");
+  }
+  io::OpenOptions io_options;
+  io_options.read_only = true;
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, io::OpenFile(filename, io_options));
+  TD_ASSIGN_OR_RETURN(s.actual_size, storage->AllocatedBytes());
+  if (s.format == "raw") {
+    TD_ASSIGN_OR_RETURN(s.virtual_size, storage->Size());
+    return s;
+  }
+  auto header = ReadQcow2Header(*storage);
+  if (!header.has_value()) return header.error().WithContext(filename);
+  s.virtual_size = header->size;
+  auto snapshots = ReadSnapshots(*storage, *header);
+  if (!snapshots.has_value()) return snapshots.error().WithContext(filename);
+  s.snapshots = std::move(snapshots).value();
+  if (!header->backing_file.empty()) {
+    s.backing_filename = header->backing_file;
+    s.full_backing_filename = block::ResolveBackingName(filename, header->backing_file);
+  }
+  s.header = std::move(header).value();
+  return s;
+}
+
+Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
+                                                   const std::string& format) {
+  std::vector<ImageSummary> chain;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  std::string name = filename;
+  std::string fmt = format;
+  std::string path_text;
+  while (true) {
+    struct stat st {};
+    if (::stat(name.c_str(), &st) != 0) return Status::FromErrno(errno, name);
+    path_text += (path_text.empty() ? "" : " -> ") + name;
+    if (!seen.insert({st.st_dev, st.st_ino}).second) {
+      return Status::InvalidArgument("backing file loop: " + path_text);
+    }
+    if (chain.size() > block::kDefaultMaxChainDepth) {
+      return Status::InvalidArgument("backing chain too deep (> " +
+                                     std::to_string(block::kDefaultMaxChainDepth) + ")");
+    }
+    TD_ASSIGN_OR_RETURN(ImageSummary s, ReadImageSummary(name, fmt));
+    std::string next = s.full_backing_filename;
+    std::string next_format = s.header ? s.header->backing_format : "";
+    chain.push_back(std::move(s));
+    if (next.empty()) return chain;
+    name = next;
+    fmt = next_format;
+  }
+}
+
+}  // namespace thindisk::cli

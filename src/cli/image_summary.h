@@ -1,0 +1,42 @@
+// ImageSummary: what `info` and `create -b` need to know about an image
+// file, read from its header alone (no engine, no backing files), so it works
+// on any image we can decode, including ones the engine would refuse to open
+// read-write.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "io/storage.h"
+#include "qcow2/format.h"
+#include "util/result.h"
+
+namespace thindisk::cli {
+
+struct ImageSummary {
+  std::string filename;  // as given
+  std::string format;    // "qcow2" or "raw"
+  uint64_t virtual_size = 0;
+  uint64_t actual_size = 0;  // host bytes allocated
+  std::optional<qcow2::Header> header;  // qcow2 only
+  // qcow2 with a backing file: the name as stored and the path it resolves
+  // to (relative to this image's directory).
+  std::string backing_filename;
+  std::string full_backing_filename;
+  std::vector<qcow2::Snapshot> snapshots;  // qcow2 internal snapshots
+};
+
+// Decodes the qcow2 header at the start of `storage`.
+Result<qcow2::Header> ReadQcow2Header(io::Storage& storage);
+
+// Summarizes `filename`; `format` "" probes (qcow2 magic or raw).
+Result<ImageSummary> ReadImageSummary(const std::string& filename, const std::string& format);
+
+// The summaries of `filename` and every backing file below it, top first.
+// Refuses loops and chains deeper than block::kDefaultMaxChainDepth.
+Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
+                                                   const std::string& format);
+
+}  // namespace thindisk::cli

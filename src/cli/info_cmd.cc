@@ -1,0 +1,197 @@
+// thindisk info: what qemu-img info prints, field for field.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+
+#include "cli/common.h"
+#include "cli/image_summary.h"
+#include "util/endian.h"
+
+namespace thindisk::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+std::string CompatName(uint32_t version) { return version >= 3 ? "1.1" : "0.10"; }
+
+std::string CompressionName(qcow2::CompressionType t) {
+  return t == qcow2::CompressionType::kZstd ? "zstd" : "zlib";
+}
+
+// Extra data bytes 16..23 hold the instruction count (spec), when present.
+bool SnapshotIcount(const qcow2::Snapshot& sn, uint64_t* icount) {
+  if (sn.extra.size() < 24) return false;
+  *icount = LoadBe64(sn.extra.data() + 16);
+  return *icount != ~0ull;
+}
+
+uint64_t SnapshotVmStateSize(const qcow2::Snapshot& sn) {
+  return sn.extra.size() >= 8 ? sn.vm_state_size_large : sn.vm_state_size;
+}
+
+Json SnapshotJson(const qcow2::Snapshot& sn) {
+  Json j;
+  uint64_t icount = 0;
+  if (SnapshotIcount(sn, &icount)) j["icount"] = icount;
+  j["vm-clock-nsec"] = sn.vm_clock_nsec % 1000000000ull;
+  j["name"] = sn.name;
+  j["date-sec"] = sn.date_sec;
+  j["date-nsec"] = sn.date_nsec;
+  j["vm-clock-sec"] = sn.vm_clock_nsec / 1000000000ull;
+  j["id"] = sn.id;
+  j["vm-state-size"] = SnapshotVmStateSize(sn);
+  return j;
+}
+
+// qemu's "Snapshot list:" table.
+void PrintSnapshots(const std::vector<qcow2::Snapshot>& snapshots) {
+  std::printf("Snapshot list:\n%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG", "VM SIZE", "DATE",
+              "VM CLOCK", "ICOUNT");
+  for (const qcow2::Snapshot& sn : snapshots) {
+    time_t t = sn.date_sec;
+    struct tm tm {};
+    localtime_r(&t, &tm);
+    char date[32];
+    std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S", &tm);
+    uint64_t secs = sn.vm_clock_nsec / 1000000000ull;
+    char clock[48];
+    std::snprintf(clock, sizeof(clock), "%02llu:%02llu:%02llu.%03llu",
+                  static_cast<unsigned long long>(secs / 3600),
+                  static_cast<unsigned long long>((secs / 60) % 60),
+                  static_cast<unsigned long long>(secs % 60),
+                  static_cast<unsigned long long>((sn.vm_clock_nsec / 1000000) % 1000));
+    uint64_t icount = 0;
+    std::string icount_text = SnapshotIcount(sn, &icount) ? std::to_string(icount) : "";
+    std::printf("%-9s %-16s %8s%20s%13s%11s\n", sn.id.c_str(), sn.name.c_str(),
+                HumanSize(SnapshotVmStateSize(sn)).c_str(), date, clock, icount_text.c_str());
+  }
+}
+
+Json ToJson(const ImageSummary& s) {
+  Json j;
+  if (!s.snapshots.empty()) {
+    Json list = Json::array();
+    for (const qcow2::Snapshot& sn : s.snapshots) list.push_back(SnapshotJson(sn));
+    j["snapshots"] = list;
+  }
+  j["virtual-size"] = s.virtual_size;
+  j["filename"] = s.filename;
+  if (s.header) j["cluster-size"] = s.header->cluster_size();
+  j["format"] = s.format;
+  j["actual-size"] = s.actual_size;
+  if (s.header) {
+    const qcow2::Header& h = *s.header;
+    Json data;
+    data["compat"] = CompatName(h.version);
+    data["compression-type"] = CompressionName(h.compression_type);
+    // qemu reports these only for version 3 images, which can have them.
+    if (h.version >= 3) data["lazy-refcounts"] = (h.compatible_features & qcow2::kCompatLazyRefcounts) != 0;
+    data["refcount-bits"] = h.refcount_bits();
+    if (h.version >= 3) {
+      data["corrupt"] = (h.incompatible_features & qcow2::kIncompatCorrupt) != 0;
+      data["extended-l2"] = h.extended_l2();
+    }
+    j["format-specific"] = Json{{"type", "qcow2"}, {"data", data}};
+    if (!s.backing_filename.empty()) {
+      j["full-backing-filename"] = s.full_backing_filename;
+      j["backing-filename"] = s.backing_filename;
+      if (!h.backing_format.empty()) j["backing-filename-format"] = h.backing_format;
+    }
+  }
+  j["dirty-flag"] = s.header && (s.header->incompatible_features & qcow2::kIncompatDirty) != 0;
+  return j;
+}
+
+void PrintHuman(const ImageSummary& s) {
+  std::cout << "image: " << s.filename << "\n"
+            << "file format: " << s.format << "\n"
+            << "virtual size: " << HumanSize(s.virtual_size) << " (" << s.virtual_size
+            << " bytes)\n"
+            << "disk size: " << HumanSize(s.actual_size) << "\n";
+  if (!s.header) return;
+  const qcow2::Header& h = *s.header;
+  std::cout << "cluster_size: " << h.cluster_size() << "\n";
+  if (h.incompatible_features & qcow2::kIncompatDirty) std::cout << "cleanly shut down: no\n";
+  if (!s.backing_filename.empty()) {
+    std::cout << "backing file: " << s.backing_filename;
+    if (s.full_backing_filename != s.backing_filename) {
+      std::cout << " (actual path: " << s.full_backing_filename << ")";
+    }
+    std::cout << "\n";
+    if (!h.backing_format.empty()) std::cout << "backing file format: " << h.backing_format << "\n";
+  }
+  if (!s.snapshots.empty()) {
+    std::cout.flush();
+    PrintSnapshots(s.snapshots);
+    std::fflush(stdout);
+  }
+  std::cout << "Format specific information:\n"
+            << "    compat: " << CompatName(h.version) << "\n"
+            << "    compression type: " << CompressionName(h.compression_type) << "\n";
+  if (h.version >= 3) {
+    std::cout << "    lazy refcounts: "
+              << ((h.compatible_features & qcow2::kCompatLazyRefcounts) ? "true" : "false")
+              << "\n";
+  }
+  std::cout << "    refcount bits: " << h.refcount_bits() << "\n";
+  if (h.version >= 3) {
+    std::cout << "    corrupt: "
+              << ((h.incompatible_features & qcow2::kIncompatCorrupt) ? "true" : "false") << "\n"
+              << "    extended l2: " << (h.extended_l2() ? "true" : "false") << "\n";
+  }
+}
+
+class InfoCommand final : public Subcommand {
+ public:
+  CLI::App* Register(CLI::App& app) override {
+    CLI::App* sub = app.add_subcommand("info", "Show what an image is: format, sizes, backing file");
+    sub->add_option("-f,--format", format_, "Image format (qcow2 or raw; default: probe)");
+    sub->add_option("--output", output_, "Output format: human or json")
+        ->check(CLI::IsMember({"human", "json"}));
+    sub->add_flag("--backing-chain", backing_chain_, "Show every image of the backing chain");
+    sub->add_flag("-U,--force-share", force_share_, "Accepted for qemu-img compatibility");
+    sub->add_option("filename", filename_, "Image file")->required();
+    return sub;
+  }
+
+  Result<Outcome> Run() override {
+    std::vector<ImageSummary> chain;
+    if (backing_chain_) {
+      TD_ASSIGN_OR_RETURN(chain, ReadBackingChain(filename_, format_));
+    } else {
+      TD_ASSIGN_OR_RETURN(ImageSummary s, ReadImageSummary(filename_, format_));
+      chain.push_back(std::move(s));
+    }
+    if (output_ == "json") {
+      if (backing_chain_) {
+        Json all = Json::array();
+        for (const ImageSummary& s : chain) all.push_back(ToJson(s));
+        std::cout << all.dump(4) << "\n";
+      } else {
+        std::cout << ToJson(chain.front()).dump(4) << "\n";
+      }
+      return Outcome::kSuccess;
+    }
+    for (size_t i = 0; i < chain.size(); ++i) {
+      if (i > 0) std::cout << "\n";
+      PrintHuman(chain[i]);
+    }
+    return Outcome::kSuccess;
+  }
+
+ private:
+  std::string format_;
+  std::string output_ = "human";
+  bool backing_chain_ = false;
+  bool force_share_ = false;
+  std::string filename_;
+};
+
+}  // namespace
+
+std::unique_ptr<Subcommand> NewInfoCommand() { return std::make_unique<InfoCommand>(); }
+
+}  // namespace thindisk::cli

@@ -1,0 +1,197 @@
+#include "raw/raw_image.h"
+
+#include <algorithm>
+#include <vector>
+
+namespace thindisk::raw {
+
+namespace {
+
+// Zeros are written in pieces of this size when the host can't zero or
+// reserve a range itself: big enough to stream, small enough to allocate.
+constexpr uint64_t kZeroChunk = 1ull << 20;
+
+Status WriteZeroBytes(io::Storage& storage, uint64_t offset, uint64_t length) {
+  std::vector<uint8_t> zeros(std::min(length, kZeroChunk), 0);
+  while (length > 0) {
+    uint64_t n = std::min<uint64_t>(length, zeros.size());
+    TD_RETURN_IF_ERROR(storage.WriteAt(offset, std::span<const uint8_t>(zeros.data(), n)));
+    offset += n;
+    length -= n;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+RawImage::RawImage(std::unique_ptr<io::Storage> storage, uint64_t size, bool read_only,
+                   std::string filename)
+    : storage_(std::move(storage)), size_(size) {
+  info_.format = "raw";
+  info_.filename = std::move(filename);
+  info_.cluster_size = 0;
+  info_.preferred_block = kPreferredBlock;
+  info_.read_only = read_only;
+}
+
+RawImage::~RawImage() {
+  // Best effort, as the Device contract promises; errors have no one to go to.
+  if (!closed_.load() && !info_.read_only) (void)storage_->Flush();
+}
+
+Status RawImage::CheckRange(uint64_t offset, uint64_t length) const {
+  uint64_t size = size_.load();
+  if (offset > size || length > size - offset) {
+    return Status::OutOfRange("request [" + std::to_string(offset) + ", +" +
+                              std::to_string(length) + ") ends past the device size " +
+                              std::to_string(size));
+  }
+  return Status::Ok();
+}
+
+Status RawImage::CheckWritable() const {
+  if (closed_.load()) return Status::InvalidArgument(info_.filename + ": device is closed");
+  if (info_.read_only) return Status::ReadOnly(info_.filename + ": opened read-only");
+  return Status::Ok();
+}
+
+Status RawImage::Read(uint64_t offset, std::span<uint8_t> buf) {
+  if (closed_.load()) return Status::InvalidArgument(info_.filename + ": device is closed");
+  TD_RETURN_IF_ERROR(CheckRange(offset, buf.size()));
+  return storage_->ReadAt(offset, buf);
+}
+
+Status RawImage::Write(uint64_t offset, std::span<const uint8_t> buf, block::WriteFlags flags) {
+  TD_RETURN_IF_ERROR(CheckWritable());
+  TD_RETURN_IF_ERROR(CheckRange(offset, buf.size()));
+  TD_RETURN_IF_ERROR(storage_->WriteAt(offset, buf));
+  if (flags.fua) return storage_->Flush();
+  return Status::Ok();
+}
+
+Status RawImage::WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) {
+  TD_RETURN_IF_ERROR(CheckWritable());
+  TD_RETURN_IF_ERROR(CheckRange(offset, length));
+  if (length == 0) return Status::Ok();
+  Status s;
+  if (flags.may_unmap) {
+    s = storage_->PunchHole(offset, length);
+    if (s.code() == Code::kNotSupported && !flags.fast_only) {
+      s = storage_->ZeroRange(offset, length);
+    }
+  } else if (flags.fast_only) {
+    // ZeroRange may silently fall back to writing zeros, which is exactly
+    // what a FAST_ZERO client asked us not to do; only a punch is known fast.
+    return Status::NotSupported(info_.filename + ": fast zeroing needs may_unmap on raw");
+  } else {
+    s = storage_->ZeroRange(offset, length);
+  }
+  TD_RETURN_IF_ERROR(s);
+  if (flags.fua) return storage_->Flush();
+  return Status::Ok();
+}
+
+Status RawImage::Discard(uint64_t offset, uint64_t length) {
+  TD_RETURN_IF_ERROR(CheckWritable());
+  TD_RETURN_IF_ERROR(CheckRange(offset, length));
+  if (length == 0) return Status::Ok();
+  Status s = storage_->PunchHole(offset, length);
+  // Discard promises the range reads as zeros afterwards, so a host that
+  // can't punch gets zeros written instead of keeping the old bytes.
+  if (s.code() == Code::kNotSupported) s = storage_->ZeroRange(offset, length);
+  if (s.code() == Code::kNotSupported) s = WriteZeroBytes(*storage_, offset, length);
+  return s;
+}
+
+Status RawImage::Flush() {
+  if (closed_.load()) return Status::InvalidArgument(info_.filename + ": device is closed");
+  if (info_.read_only) return Status::Ok();
+  return storage_->Flush();
+}
+
+Result<block::Extent> RawImage::GetStatus(uint64_t offset, uint64_t max_length) {
+  if (closed_.load()) return Status::InvalidArgument(info_.filename + ": device is closed");
+  uint64_t size = size_.load();
+  if (offset >= size) {
+    return Status::OutOfRange("block status at " + std::to_string(offset) +
+                              " is past the device size " + std::to_string(size));
+  }
+  uint64_t end = offset + std::min(max_length, size - offset);
+  if (end == offset) return Status::InvalidArgument("block status of an empty range");
+
+  TD_ASSIGN_OR_RETURN(uint64_t next_data, storage_->NextData(offset));
+  block::Extent e;
+  e.offset = offset;
+  e.depth = 0;
+  e.present = true;
+  if (next_data <= offset) {
+    TD_ASSIGN_OR_RETURN(uint64_t next_hole, storage_->NextHole(offset));
+    // A storage that can't tell reports "data to the end"; a hole at or
+    // before offset would contradict NextData, so treat it as the end.
+    uint64_t stop = next_hole > offset ? std::min(next_hole, end) : end;
+    e.length = stop - offset;
+    e.data = true;
+    e.zero = false;
+  } else {
+    e.length = std::min(next_data, end) - offset;
+    e.data = false;
+    e.zero = true;
+  }
+  // Guest offset N is host offset N for holes too; qemu reports it the same.
+  e.has_host_offset = true;
+  e.host_offset = offset;
+  return e;
+}
+
+Status RawImage::Resize(uint64_t new_size, bool shrink) {
+  TD_RETURN_IF_ERROR(CheckWritable());
+  if (new_size < size_.load() && !shrink) {
+    return Status::InvalidArgument(info_.filename +
+                                   ": shrinking would lose data; pass shrink to confirm");
+  }
+  TD_RETURN_IF_ERROR(storage_->Resize(new_size));
+  size_.store(new_size);
+  return Status::Ok();
+}
+
+Status RawImage::Close() {
+  if (closed_.exchange(true)) return Status::Ok();
+  if (info_.read_only) return Status::Ok();
+  return storage_->Flush();
+}
+
+Result<std::unique_ptr<block::Device>> OpenRaw(std::unique_ptr<io::Storage> storage,
+                                               bool read_only, std::string filename) {
+  if (!storage) return Status::InvalidArgument("OpenRaw: null storage");
+  TD_ASSIGN_OR_RETURN(uint64_t size, storage->Size());
+  return std::unique_ptr<block::Device>(
+      new RawImage(std::move(storage), size, read_only, std::move(filename)));
+}
+
+Status CreateRaw(io::Storage& storage, uint64_t size, RawPrealloc mode, std::string* warning) {
+  TD_RETURN_IF_ERROR(storage.Resize(size));
+  switch (mode) {
+    case RawPrealloc::kOff:
+      break;
+    case RawPrealloc::kFalloc: {
+      Status s = storage.Allocate(0, size);
+      if (s.code() != Code::kNotSupported) {
+        TD_RETURN_IF_ERROR(s);
+        break;
+      }
+      if (warning) {
+        *warning = storage.name() +
+                   ": the host cannot reserve space (fallocate not supported); "
+                   "wrote zeros instead (preallocation=full)";
+      }
+      TD_RETURN_IF_ERROR(WriteZeroBytes(storage, 0, size));
+      break;
+    }
+    case RawPrealloc::kFull:
+      TD_RETURN_IF_ERROR(WriteZeroBytes(storage, 0, size));
+      break;
+  }
+  return storage.Flush();
+}
+
+}  // namespace thindisk::raw
