@@ -44,7 +44,8 @@ struct Extent {
   bool data = false;  // some layer stores bytes for it (false: hole)
   bool zero = false;  // reads as zeros (true for holes at the bottom of the chain)
   // Layer that provides the content: 0 = this image, 1 = its backing file, ...
-  // For a range no layer allocates, depth = chain length and present = false.
+  // For a range no layer allocates, present = false and depth is that of the
+  // bottom layer (the number of backing files), as qemu-img map reports it.
   uint32_t depth = 0;
   bool present = false;
   // Where the data lives in that layer's host file, when it is stored plainly

@@ -80,9 +80,11 @@ Result<block::Extent> ImageImpl::GetStatus(uint64_t offset, uint64_t max_length)
     below.depth += 1;
     return below;
   }
-  // Nothing in the chain stores it: a hole at the bottom.
+  // Nothing in the chain stores it: a hole at the bottom. As qemu-img map
+  // reports it, its depth is that of the bottom layer: 0 without backing,
+  // 1 past the end of a (shorter) backing image.
   e.zero = true;
-  e.depth = backing_ ? 2 : 1;
+  e.depth = backing_ ? 1 : 0;
   return e;
 }
 
