@@ -62,7 +62,9 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
   io::OpenOptions io_options;
   io_options.read_only = read_only;
   io_options.cache = options.cache;
-  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, io::OpenFile(filename, io_options));
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
+                      options.open_file ? options.open_file(filename, io_options)
+                                        : io::OpenFile(filename, io_options));
   if (format.empty()) {
     TD_ASSIGN_OR_RETURN(format, ProbeStorage(*storage));
   }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,11 @@ struct OpenOptions {
   uint32_t max_chain_depth = kDefaultMaxChainDepth;
   // Metadata cache budget for each qcow2 layer.
   uint64_t cache_bytes = 64ull << 20;
+  // Opens each layer's host file; nullptr: io::OpenFile. Lets a caller put
+  // another io::Storage (io_uring, see io/uring_storage.h) under the chain.
+  std::function<Result<std::unique_ptr<io::Storage>>(const std::string& path,
+                                                     const io::OpenOptions& options)>
+      open_file;
 };
 
 // Opens `filename` (and its backing chain). Errors: kNotFound (missing file),

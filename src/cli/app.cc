@@ -26,6 +26,7 @@ int RunThindisk(int argc, const char* const* argv) {
   commands.push_back(NewConvertCommand());
   commands.push_back(NewCompareCommand());
   commands.push_back(NewIoCommand());
+  commands.push_back(NewServeCommand());
   std::vector<CLI::App*> subs;
   for (auto& c : commands) subs.push_back(c->Register(app));
 

@@ -102,6 +102,7 @@ std::unique_ptr<Subcommand> NewCheckCommand();
 std::unique_ptr<Subcommand> NewConvertCommand();
 std::unique_ptr<Subcommand> NewCompareCommand();
 std::unique_ptr<Subcommand> NewIoCommand();
+std::unique_ptr<Subcommand> NewServeCommand();
 
 // Builds the whole `thindisk` app and runs it on argv; returns the exit code.
 // Used by main() and by tests.

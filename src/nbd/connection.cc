@@ -147,6 +147,8 @@ Status Connection::Negotiate() {
 
 Status Connection::Transmit() {
   for (;;) {
+    // ReadExact may not poll cancel_fd_ while requests keep arriving.
+    if (shutting_down_ != nullptr && shutting_down_->load()) return Status::Busy("cancelled");
     // 1. Header: decoded, then validated once, here.
     std::vector<uint8_t> buf;
     Result<Decoded<Request>> d = DecodeRequest(buf);

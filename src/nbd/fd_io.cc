@@ -30,7 +30,28 @@ Status WaitReadable(int fd, int cancel_fd) {
 
 Status ReadExact(int fd, std::span<uint8_t> buf, int cancel_fd) {
   size_t done = 0;
+  bool try_first = cancel_fd >= 0;
   while (done < buf.size()) {
+    if (try_first) {
+      // A busy client has its next bytes queued already: take them without
+      // the poll (a syscall per read on the hot path). The poll below still
+      // runs whenever the socket is empty, and connections check the
+      // shutdown flag between requests, so cancellation is not delayed.
+      ssize_t n = recv(fd, buf.data() + done, buf.size() - done, MSG_DONTWAIT);
+      if (n > 0) {
+        done += size_t(n);
+        continue;
+      }
+      if (n == 0) {
+        if (done == 0) return Status::NotFound("end of stream");
+        return Status(Code::kIoError, "connection closed mid-message");
+      }
+      if (errno == ENOTSOCK) {
+        try_first = false;  // a pipe (--stdio): poll, then read
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+        return Status::FromErrno(errno, "read");
+      }
+    }
     TD_RETURN_IF_ERROR(WaitReadable(fd, cancel_fd));
     ssize_t n = read(fd, buf.data() + done, buf.size() - done);
     if (n < 0) {

@@ -157,7 +157,12 @@ Status Server::Run() {
       if (shutting_down_.load()) break;
       if (listeners_.empty() && idle) break;
       if (options_.once && first_done) break;
-      for (const Listener& l : listeners_) fds.push_back({l.fd, POLLIN, 0});
+      // At the connection limit the listeners are not polled: new clients
+      // wait in the backlog and a finished connection (reap_fd_) reopens them.
+      const bool full = options_.max_connections > 0 &&
+                        connections_.size() >= options_.max_connections;
+      if (!full)
+        for (const Listener& l : listeners_) fds.push_back({l.fd, POLLIN, 0});
     }
     // 2. Wait for a client, a finished connection or shutdown.
     if (poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR)
@@ -280,6 +285,7 @@ Status RunServer(const ServeOptions& options, std::vector<Export> exports) {
   ServerOptions so;
   so.threads = options.threads;
   so.once = options.once;
+  so.max_connections = options.max_connections;
   so.connection.max_inflight_bytes = options.max_inflight_bytes;
   so.connection.log = options.log;
   TD_ASSIGN_OR_RETURN(std::unique_ptr<Server> server,

@@ -56,6 +56,10 @@ struct ServerOptions {
   ConnectionOptions connection;
   bool once =
       false;  // stop after the first connection ends (qemu-nbd without --persistent)
+  // At most this many clients at once (0: no limit). At the limit the server
+  // stops accepting; further clients wait in the listen backlog until one
+  // leaves, as with qemu-nbd --shared.
+  size_t max_connections = 0;
   // How long shutdown waits for connections to finish their in-flight
   // requests before cutting their sockets (a client that stops reading
   // replies would otherwise hold shutdown forever).
@@ -140,6 +144,7 @@ struct ServeOptions {
   bool once = false;               // return after the first client disconnects
   bool handle_signals = true;      // SIGINT/SIGTERM shut down gracefully; SIGPIPE ignored
   size_t threads = 0;              // worker threads; 0: one per CPU
+  size_t max_connections = 0;      // clients at once; 0: no limit
   size_t max_inflight_bytes = 64u << 20;        // per connection
   std::function<void(const std::string&)> log;  // diagnostics; nullptr: silent
   // Called once the listeners are open, before serving (pid files, tests).

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Hostile requests (libnbd with strict mode off) against the real binary:
+# exact NBD errors, the connection survives, other clients are unaffected.
+# HOSTILE_CLIENT is tests/serve/hostile_client.c, built by CMake.
+source "$(dirname "$0")/lib.sh"
+require_tool qemu-io
+[[ -n ${HOSTILE_CLIENT:-} && -x ${HOSTILE_CLIENT:-} ]] ||
+  skip_or_fail "hostile client not built (libnbd-dev missing?)"
+
+SIZE=$((64 << 20))
+"$TD" create -f qcow2 disk.qcow2 $SIZE >/dev/null
+qemu-io -f qcow2 disk.qcow2 -c 'write -P 0x5a 0 64k' >/dev/null
+serve_unix rw rw.sock disk.qcow2
+rwpid=$SERVER_PID
+# A second server on the same image, read-only (its own --read-only path).
+cp disk.qcow2 ro.qcow2
+serve_unix ro ro.sock --read-only ro.qcow2
+ropid=$SERVER_PID
+
+timeout 120 "$HOSTILE_CLIENT" "$(uri "$TMP/rw.sock")" "$(uri "$TMP/ro.sock")" $SIZE ||
+  fail "hostile client checks failed"
+# Both servers still serve a fresh client.
+qemu-io -f raw "$(uri rw.sock)" -c 'read -P 0x5a 0 64k' -c 'read -P 0x3c 2M 4k' >io.out 2>&1 ||
+  fail "rw server unusable after hostile client: $(cat io.out)"
+if grep -q "verification failed" io.out; then fail "wrong data after hostile client"; fi
+qemu-io -r -f raw "$(uri ro.sock)" -c 'read -P 0x5a 0 64k' >io.out 2>&1 ||
+  fail "ro server unusable after hostile client"
+stop_server "$ropid" ro
+stop_server "$rwpid" rw
+check_clean disk.qcow2
+qemu-img compare ro.qcow2 disk.qcow2 >/dev/null 2>&1 && fail "the good client's write did not land"
+qemu-io -f qcow2 disk.qcow2 -c 'read -P 0x5a 0 64k' -c 'read -P 0 1M 64k' >io.out 2>&1
+if grep -q "verification failed" io.out; then fail "rejected requests changed the image"; fi
+log "hostile: ok"

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# `thindisk serve` options through real clients: --read-only, -q, --pid-file,
+# TCP (--bind/--port), --max-connections, --stdio, socket activation,
+# --cache=none, --aio=io_uring, --discard, --detect-zeroes, --cache-size,
+# --threads, SIGINT, and command-line errors.
+source "$(dirname "$0")/lib.sh"
+require_tool nbdinfo qemu-io qemu-img jq python3
+
+"$TD" create -f qcow2 disk.qcow2 32M >/dev/null
+qemu-io -f qcow2 disk.qcow2 -c 'write -P 0x5a 0 1M' >/dev/null
+
+run_ok() {  # run_ok WHAT CMD...: must exit 0 and report no qemu-io failure
+  local what=$1
+  shift
+  "$@" >ok.out 2>&1 || { cat ok.out >&2; fail "$what"; }
+  if grep -Eq "verification failed|error" ok.out; then cat ok.out >&2; fail "$what"; fi
+}
+
+log "--read-only, -q, --pid-file"
+serve_unix ro ro.sock --read-only -q --pid-file "$TMP/ro.pid" disk.qcow2
+pid=$SERVER_PID
+[[ -s ro.out ]] && fail "-q printed: $(cat ro.out)"
+expect_eq "pid file" "$(cat ro.pid)" "$pid"
+expect_eq "read-only flag" "$(nbdinfo --json "$(uri ro.sock)" | jq '.exports[0].is_read_only')" true
+if qemu-io -f raw "$(uri ro.sock)" -c 'write 0 4k' 2>&1 | grep -q "^wrote"; then
+  fail "write to --read-only export succeeded"
+fi
+run_ok "read from read-only export" qemu-io -r -f raw "$(uri ro.sock)" -c 'read -P 0x5a 0 1M'
+stop_server "$pid" ro
+[[ -e ro.pid ]] && fail "pid file not removed at exit"
+
+log "TCP on 127.0.0.1 with a kernel-chosen port; SIGINT"
+start_server tcp --bind 127.0.0.1 --port 0 disk.qcow2
+pid=$SERVER_PID
+for ((i = 0; i < 100; i++)); do grep -q '^nbd://' tcp.out 2>/dev/null && break; sleep 0.05; done
+tcp_uri=$(head -1 tcp.out)
+[[ $tcp_uri =~ ^nbd://127\.0\.0\.1:[0-9]+/$ ]] || fail "TCP URI not printed: '$tcp_uri'"
+[[ $tcp_uri == nbd://127.0.0.1:0/ ]] && fail "URI shows port 0"
+expect_eq "size over TCP" "$(nbdinfo --size "$tcp_uri")" 33554432
+kill -INT "$pid"
+rc=0
+timeout 30 tail --pid="$pid" -f /dev/null || fail "no exit after SIGINT"
+wait "$pid" || rc=$?
+expect_eq "exit status after SIGINT" "$rc" 0
+
+log "--max-connections 1: a second client waits until the first leaves"
+serve_unix mc mc.sock --max-connections 1 disk.qcow2
+pid=$SERVER_PID
+python3 -c '
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(18)  # server greeting
+open(sys.argv[3], "w").close()
+time.sleep(float(sys.argv[2]))' "$TMP/mc.sock" 3 "$TMP/holding" &
+holder=$!
+for ((i = 0; i < 200; i++)); do [[ -e holding ]] && break; sleep 0.05; done
+[[ -e holding ]] || fail "holding client did not connect"
+start=$(date +%s.%N)
+expect_eq "second client size" "$(timeout 20 nbdinfo --size "$(uri mc.sock)")" 33554432
+waited=$(echo "$(date +%s.%N) - $start" | bc)
+wait "$holder"
+(($(echo "$waited > 1.5" | bc))) || fail "second client was served at once (${waited}s) despite --max-connections 1"
+stop_server "$pid" mc
+
+log "--stdio"
+if [[ -n ${HOSTILE_CLIENT:-} && -x ${HOSTILE_CLIENT:-} ]]; then
+  got=$(timeout 30 "$HOSTILE_CLIENT" --stdio "$TD" serve --stdio disk.qcow2) || fail "--stdio client failed"
+  expect_eq "--stdio size and first byte" "$got" "33554432 90"
+else
+  echo "(no libnbd client: --stdio not tested)"
+fi
+
+log "socket activation (nbdinfo [ CMD ])"
+expect_eq "activated size" "$(timeout 30 nbdinfo --size -- [ "$TD" serve -q disk.qcow2 ])" 33554432
+
+log "--cache=none, --aio=io_uring, --threads 1, --cache-size"
+for opts in "--cache=none" "--aio=io_uring" "--cache=none --aio=io_uring" \
+    "--threads 1 --cache-size 64k" "--cache=unsafe"; do
+  cp disk.qcow2 m.qcow2
+  rm -f m.sock
+  # shellcheck disable=SC2086
+  serve_unix m m.sock $opts m.qcow2
+  pid=$SERVER_PID
+  run_ok "$opts: I/O" qemu-io -f raw "$(uri m.sock)" -c 'write -P 0x61 1M 3M' \
+    -c 'write -P 0x62 12345 6789' -c 'aio_write -P 0x63 8M 64k' -c aio_flush -c flush \
+    -c 'read -P 0x5a 0 12k' -c 'read -P 0x62 12345 6789' -c 'read -P 0x61 2M 2M' \
+    -c 'read -P 0x63 8M 64k'
+  stop_server "$pid" m
+  if [[ $opts == *io_uring* ]] && grep -q "io_uring unavailable" m.err; then
+    echo "(io_uring unavailable here; served with threads)"
+  fi
+  check_clean m.qcow2
+  run_ok "$opts: content after close" qemu-io -f qcow2 m.qcow2 -c 'read -P 0x61 2M 2M' \
+    -c 'read -P 0x62 12345 6789' -c 'read -P 0x63 8M 64k'
+done
+
+log "--discard=ignore keeps data; default discard unmaps"
+for mode in ignore unmap; do
+  cp disk.qcow2 d.qcow2
+  rm -f d.sock
+  serve_unix d d.sock --discard=$mode d.qcow2
+  pid=$SERVER_PID
+  run_ok "discard ($mode)" qemu-io -f raw "$(uri d.sock)" -c 'discard 0 512k'
+  type=$(nbdinfo --map --json "$(uri d.sock)" | jq '.[0].type')
+  stop_server "$pid" d
+  if [[ $mode == ignore ]]; then
+    expect_eq "map after ignored discard" "$type" 0
+    run_ok "data kept" qemu-io -f qcow2 d.qcow2 -c 'read -P 0x5a 0 512k'
+  else
+    expect_eq "map after discard" "$type" 3
+    run_ok "discarded reads zero" qemu-io -f qcow2 d.qcow2 -c 'read -P 0 0 512k'
+  fi
+done
+
+log "--detect-zeroes"
+for mode in off on unmap; do
+  cp disk.qcow2 z.qcow2
+  rm -f z.sock
+  serve_unix z z.sock --detect-zeroes=$mode z.qcow2
+  pid=$SERVER_PID
+  run_ok "zero write ($mode)" qemu-io -f raw "$(uri z.sock)" -c 'write -P 0 0 512k' \
+    -c 'write -P 0 4M 512k'
+  nbdinfo --map --json "$(uri z.sock)" >z.json
+  stop_server "$pid" z
+  run_ok "zeros read back ($mode)" qemu-io -f qcow2 z.qcow2 -c 'read -P 0 0 512k' \
+    -c 'read -P 0x5a 512k 512k'
+  zero_bit=$(jq '[.[] | select(.offset == 0)][0].type' z.json)
+  case $mode in
+    off) expect_eq "detect-zeroes=off stores data" "$zero_bit" 0 ;;
+    on) (((zero_bit & 2) == 2)) || fail "detect-zeroes=on: range not reported zero (type $zero_bit)" ;;
+    unmap) expect_eq "detect-zeroes=unmap makes a hole" "$zero_bit" 3 ;;
+  esac
+  check_clean z.qcow2
+done
+
+log "command-line errors"
+for bad in "" "--export noequals" "--stdio -k x.sock disk.qcow2" "nosuch.qcow2" \
+    "--cache=bogus disk.qcow2" "--cache-size junk disk.qcow2" "--port 70000 disk.qcow2"; do
+  rc=0
+  # shellcheck disable=SC2086
+  timeout 10 "$TD" serve -k "$TMP/never.sock" $bad >err.out 2>&1 || rc=$?
+  expect_eq "exit status of 'serve $bad'" "$rc" 1
+  grep -q "thindisk" err.out || fail "no message for 'serve $bad'"
+done
+log "options: ok"
