@@ -174,6 +174,9 @@ Result<size_t> Compress(Codec codec, int level, std::span<const uint8_t> src,
   if (src.size() > kMaxSpan || dst.size() > kMaxSpan) {
     return Status::InvalidArgument("compression buffers over 1 GiB");
   }
+  // No room at all (a 512-byte cluster can't save a sector): nothing can fit,
+  // and zlib would reject the null output buffer as a stream error.
+  if (dst.empty()) return DoesNotFit(0);
   switch (codec) {
     case Codec::kZlib: return ZlibCompress(level, src, dst);
     case Codec::kZstd: return ZstdCompress(level, src, dst);

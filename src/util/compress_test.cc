@@ -247,3 +247,21 @@ TEST(LooksIncompressible, HalfZeroClusterIsWorthCompressing) {
 
 }  // namespace
 }  // namespace thindisk
+
+namespace thindisk {
+namespace {
+
+// Regression: with 512-byte clusters the space that would save a sector is
+// zero bytes; zlib used to fail with a stream error (-2) instead of "does not
+// fit", which broke convert -c on such images.
+TEST(CompressRegression, EmptyDestinationDoesNotFit) {
+  std::vector<uint8_t> zeros(512, 0);
+  for (Codec c : {Codec::kZlib, Codec::kZstd}) {
+    Result<size_t> r = Compress(c, 0, zeros, std::span<uint8_t>());
+    ASSERT_FALSE(r.has_value()) << CodecName(c);
+    EXPECT_EQ(r.error().code(), Code::kNotSupported) << CodecName(c);
+  }
+}
+
+}  // namespace
+}  // namespace thindisk
