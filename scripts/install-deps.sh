@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs everything needed to build, test and demo thindisk on Debian 12.
+# Run as root (or with sudo available). Always refreshes the package lists:
+# CI machines start with stale ones, and the update is quick when nothing changed.
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential g++ cmake ninja-build pkg-config git clang
+  # libraries
+  zlib1g-dev libzstd-dev liburing-dev libcli11-dev libfmt-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev googletest libbenchmark-dev libnbd-dev
+  # the tools our interop tests judge us by
+  qemu-utils libnbd-bin fio nbdkit jq
+)
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null; then
+    SUDO=(sudo)
+  else
+    echo "install-deps.sh: must run as root (or with sudo installed)" >&2
+    exit 1
+  fi
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+"${SUDO[@]}" apt-get update -q
+"${SUDO[@]}" apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The one test command: install dependencies, then build and run every ctest
+# suite twice, once optimized (build/) and once under ASan+UBSan (build-asan/).
+# Exits non-zero on any failure. Sized for 2 cores in under 30 minutes.
+#
+# Environment:
+#   THINDISK_SKIP_DEPS=1   skip scripts/install-deps.sh (developer machines)
+#   THINDISK_JOBS=N        build and test parallelism (default 2)
+#   THINDISK_SKIP_ASAN=1   only the optimized pass (quick local iteration)
+#   THINDISK_BUILD_DIR, THINDISK_ASAN_BUILD_DIR   build directories (default
+#                          build, build-asan)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+BUILD=${THINDISK_BUILD_DIR:-build}
+BUILD_ASAN=${THINDISK_ASAN_BUILD_DIR:-build-asan}
+JOBS=${THINDISK_JOBS:-2}
+
+# Missing tools (qemu-img, nbdinfo, ...) fail the run instead of skipping tests.
+export THINDISK_REQUIRE_TOOLS=1
+export CI=${CI:-true}
+# Sanitizer reports must fail the test that triggered them, with a stack.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=0:halt_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+
+step() { printf '\n=== %s [%s]\n' "$*" "$(date -u +%H:%M:%S)"; }
+
+if [[ ${THINDISK_SKIP_DEPS:-0} != 1 ]]; then
+  step "install dependencies"
+  bash scripts/install-deps.sh
+fi
+
+# build_and_test DIR CMAKE_ARGS...
+build_and_test() {
+  local dir=$1
+  shift
+  step "configure $dir"
+  cmake -S "$ROOT" -B "$ROOT/$dir" -G Ninja -DTHINDISK_WERROR=ON "$@"
+  step "build $dir"
+  cmake --build "$ROOT/$dir" -j"$JOBS"
+  step "test $dir"
+  # A failing suite does not stop the run: the sanitized pass still runs, so
+  # one CI run reports everything. The exit status says whether all passed.
+  if ! (cd "$ROOT/$dir" && ctest --output-on-failure -j"$JOBS" --timeout 600); then
+    FAILED+=("$dir")
+  fi
+}
+FAILED=()
+
+build_and_test "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+if [[ ${THINDISK_SKIP_ASAN:-0} != 1 ]]; then
+  # Debug at -O1 -g1: compiles faster than -O2 -g (the build is most of the
+  # budget on 2 cores), still runs the sanitized suites quickly, and -g1
+  # line tables are all the sanitizer stack traces need.
+  build_and_test "$BUILD_ASAN" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" \
+    -DTHINDISK_SANITIZE=address,undefined
+fi
+if ((${#FAILED[@]})); then
+  step "FAILED: tests failed in ${FAILED[*]}"
+  exit 1
+fi
+step "all tests passed"

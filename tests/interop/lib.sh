@@ -1,0 +1,158 @@
+# shellcheck shell=bash
+# Common helpers for the interop scripts. Source it first:
+#   source "$(dirname "$0")/lib.sh"
+#
+# Environment (set by tests/CMakeLists.txt; defaults for running by hand):
+#   THINDISK   path of the thindisk binary
+#   QEMU_IMG, QEMU_IO   qemu tools (default: from PATH)
+#   CI or THINDISK_REQUIRE_TOOLS   a missing tool fails instead of skipping
+#
+# Exit codes: 0 pass, 1 fail, 77 skipped (ctest SKIP_RETURN_CODE).
+set -euo pipefail
+
+# This directory, for sourcing siblings after we cd into the temp dir.
+export INTEROP_DIR
+INTEROP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+TD=${THINDISK:-thindisk}
+QEMU_IMG=${QEMU_IMG:-qemu-img}
+QEMU_IO=${QEMU_IO:-qemu-io}
+TEST_NAME=$(basename "$0" .sh)
+
+fail() {
+  echo "FAIL [$TEST_NAME]: $*" >&2
+  exit 1
+}
+
+log() { echo "--- $*"; }
+
+# skip_or_fail REASON: a missing prerequisite skips locally, fails in CI.
+skip_or_fail() {
+  if [[ -n ${CI:-} || -n ${THINDISK_REQUIRE_TOOLS:-} ]]; then
+    fail "$* (CI/THINDISK_REQUIRE_TOOLS set: missing tools are failures)"
+  fi
+  echo "SKIP [$TEST_NAME]: $*" >&2
+  exit 77
+}
+
+# require_tool NAME...: each must be an executable path or on PATH.
+require_tool() {
+  local t
+  for t in "$@"; do
+    command -v "$t" >/dev/null 2>&1 || skip_or_fail "required tool not found: $t"
+  done
+}
+
+require_thindisk() {
+  [[ -x $TD ]] || command -v "$TD" >/dev/null 2>&1 || skip_or_fail "thindisk binary not built: $TD"
+}
+
+# Scripts run inside a fresh temporary directory, removed on exit.
+[[ $TD == */* ]] && TD=$(realpath "$TD")
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/thindisk-$TEST_NAME-XXXXXX")
+cleanup() { cd /; rm -rf "$TMP"; }
+trap cleanup EXIT
+cd "$TMP"
+
+# Last command's captured output, for assertions and messages.
+OUT=$TMP/.out
+ERR=$TMP/.err
+
+# capture CMD...: runs CMD with stdout/stderr in $OUT/$ERR; sets RC. Never
+# exits on the command's failure. A sanitizer report is always a failure.
+capture() {
+  set +e
+  "$@" >"$OUT" 2>"$ERR"
+  RC=$?
+  set -e
+  if grep -qE 'Sanitizer|runtime error:' "$ERR"; then
+    cat "$ERR" >&2
+    fail "sanitizer report from: $*"
+  fi
+}
+
+# ok CMD...: CMD must exit 0; on failure prints its output and the command.
+ok() {
+  capture "$@"
+  if [[ $RC -ne 0 ]]; then
+    sed 's/^/  stdout: /' "$OUT" >&2
+    sed 's/^/  stderr: /' "$ERR" >&2
+    fail "exit $RC from: $*"
+  fi
+}
+
+# td ARGS...: runs thindisk, must succeed.
+td() { ok "$TD" "$@"; }
+
+# io_ok TOOL FILE CMDS...: runs a qemu-io-style tool (qemu-io, qemu-io-raw
+# for qemu-io -f raw, or thindisk for thindisk io) with one -c per command;
+# every command must succeed and no pattern verification may fail (the tool's output is checked as well as its exit).
+io_ok() {
+  local tool=$1 file=$2
+  shift 2
+  local args=() c
+  for c in "$@"; do args+=(-c "$c"); done
+  if [[ $tool == thindisk ]]; then
+    ok "$TD" io "${args[@]}" "$file"
+  elif [[ $tool == qemu-io-raw ]]; then
+    ok "$QEMU_IO" -f raw "${args[@]}" "$file"
+  else
+    ok "$QEMU_IO" "${args[@]}" "$file"
+  fi
+  if grep -qiE 'verification failed|mismatch|error|failed' "$OUT" "$ERR"; then
+    sed 's/^/  stdout: /' "$OUT" >&2
+    sed 's/^/  stderr: /' "$ERR" >&2
+    fail "$tool reported a failure on $file"
+  fi
+}
+
+assert_eq() {  # assert_eq EXPECTED ACTUAL WHAT
+  [[ $1 == "$2" ]] || fail "$3: expected '$1', got '$2'"
+}
+
+assert_same_bytes() {  # assert_same_bytes A B WHAT
+  cmp "$1" "$2" >&2 || fail "$3: $1 and $2 differ"
+}
+
+assert_absent() {  # assert_absent PATH WHAT
+  [[ ! -e $1 ]] || fail "$2: $1 exists"
+}
+
+# count_byte FILE HEXBYTE: how many bytes of FILE equal HEXBYTE (e.g. aa).
+count_byte() {
+  LC_ALL=C tr -cd "\\$(printf '%03o' "0x$2")" <"$1" | wc -c
+}
+
+# qcow2_opts CLUSTER EXT COMPAT REFBITS COMPRESSION: a qcow2 -o string that
+# both qemu-img and thindisk accept.
+qcow2_opts() {
+  local o="cluster_size=$1,compat=$3,refcount_bits=$4"
+  if [[ $3 == 1.1 ]]; then
+    o+=",extended_l2=$2,compression_type=$5"
+  fi
+  echo "$o"
+}
+
+# assert_info_agrees IMAGE: `qemu-img info` and `thindisk info` (JSON) must
+# give the same value for every field both report (leaf by leaf).
+assert_info_agrees() {
+  local img=$1
+  ok "$QEMU_IMG" info --output=json "$img"
+  cp "$OUT" "$TMP/.qemu-info.json"
+  td info --output=json "$img"
+  cp "$OUT" "$TMP/.td-info.json"
+  local diffs common
+  diffs=$(jq -n -c --slurpfile q "$TMP/.qemu-info.json" --slurpfile t "$TMP/.td-info.json" '
+    ($q[0]) as $q | ($t[0]) as $t
+    | [$t | paths(scalars)]
+    | map(. as $p | try {path: $p, thindisk: ($t | getpath($p)), qemu: ($q | getpath($p))}
+                    catch empty)
+    | map(select(.qemu != null and .qemu != .thindisk))') ||
+    fail "$img: info output is not JSON"
+  common=$(jq -n --slurpfile q "$TMP/.qemu-info.json" --slurpfile t "$TMP/.td-info.json" '
+    ($q[0]) as $q | ($t[0]) as $t
+    | [$t | paths(scalars) | . as $p | select((try ($q | getpath($p)) catch null) != null)]
+    | length')
+  [[ $diffs == "[]" ]] || fail "$img: thindisk info disagrees with qemu-img info: $diffs"
+  ((common >= 3)) || fail "$img: thindisk info shares only $common fields with qemu-img info"
+}
