@@ -58,6 +58,46 @@ Status FaultyStorage::DeadDiskCheck(const char* op) {
   return Status::Ok();
 }
 
+void FaultyStorage::Announce(Event e) {
+  event_counts_[int(e)].fetch_add(1);
+  std::lock_guard lock(mu_);
+  if (!event_armed_ || e != event_fault_.event) return;
+  if (--event_countdown_ > 0) return;
+  event_armed_ = false;
+  event_pending_ = true;
+  if (event_fault_.freeze && !event_fault_.freeze_after_next) {
+    event_frozen_ = true;
+    event_fired_ = true;
+  }
+}
+
+void FaultyStorage::FailAtEvent(const EventFault& fault) {
+  std::lock_guard lock(mu_);
+  event_fault_ = fault;
+  event_armed_ = true;
+  event_countdown_ = std::max<uint64_t>(fault.nth, 1);
+  event_pending_ = event_dead_ = event_frozen_ = event_fired_ = false;
+}
+
+bool FaultyStorage::event_fault_fired() {
+  std::lock_guard lock(mu_);
+  return event_fired_;
+}
+
+Status FaultyStorage::EventFaultCheck(const char* op) {
+  if (event_dead_) return Injected(event_fault_.error, op);
+  if (!event_pending_) return Status::Ok();
+  event_pending_ = false;
+  event_fired_ = true;
+  if (event_fault_.freeze && event_fault_.freeze_after_next) {
+    // This mutation goes through; everything after it fails.
+    event_dead_ = event_frozen_ = true;
+    return Status::Ok();
+  }
+  event_dead_ = event_fault_.persistent || event_fault_.freeze;
+  return Injected(event_fault_.error, op);
+}
+
 void FaultyStorage::FailNthWrite(uint64_t n, int error, bool persistent) {
   std::lock_guard lock(mu_);
   write_fault_ = Trigger{true, std::max<uint64_t>(n, 1), error, persistent, false};
@@ -82,6 +122,7 @@ void FaultyStorage::ClearFaults() {
   space_limited_ = false;
   space_exhausted_ = false;
   space_left_ = 0;
+  event_armed_ = event_pending_ = event_dead_ = event_frozen_ = false;
 }
 
 size_t FaultyStorage::unflushed_ops() {
@@ -95,6 +136,7 @@ Status FaultyStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
 
 Status FaultyStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
   std::lock_guard lock(mu_);
+  TD_RETURN_IF_ERROR(EventFaultCheck("write"));
   if (int e = Tick(write_fault_); e != 0) return Injected(e, "write");
   if (space_limited_) {
     // Once full, stays full until ClearFaults(), like a real disk whose
@@ -114,6 +156,7 @@ Status FaultyStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
 
 Status FaultyStorage::Flush() {
   std::lock_guard lock(mu_);
+  if (event_frozen_) return Injected(event_fault_.error, "flush");
   if (int e = Tick(flush_fault_); e != 0) return Injected(e, "flush");
   TD_RETURN_IF_ERROR(base_->Flush());
   // Everything completed before this Flush is now durable, in order.
@@ -128,6 +171,7 @@ Result<uint64_t> FaultyStorage::Size() { return base_->Size(); }
 Status FaultyStorage::Resize(uint64_t size) {
   std::lock_guard lock(mu_);
   TD_RETURN_IF_ERROR(DeadDiskCheck("resize"));
+  TD_RETURN_IF_ERROR(EventFaultCheck("resize"));
   TD_RETURN_IF_ERROR(base_->Resize(size));
   unflushed_.push_back(Op{OpKind::kResize, size, 0, {}});
   return Status::Ok();
@@ -136,6 +180,7 @@ Status FaultyStorage::Resize(uint64_t size) {
 Status FaultyStorage::Allocate(uint64_t offset, uint64_t length) {
   std::lock_guard lock(mu_);
   TD_RETURN_IF_ERROR(DeadDiskCheck("allocate"));
+  TD_RETURN_IF_ERROR(EventFaultCheck("allocate"));
   if (space_limited_ && (space_exhausted_ || length > space_left_)) {
     space_exhausted_ = true;
     return Injected(ENOSPC, "allocate");
@@ -149,6 +194,7 @@ Status FaultyStorage::Allocate(uint64_t offset, uint64_t length) {
 Status FaultyStorage::PunchHole(uint64_t offset, uint64_t length) {
   std::lock_guard lock(mu_);
   TD_RETURN_IF_ERROR(DeadDiskCheck("punch"));
+  TD_RETURN_IF_ERROR(EventFaultCheck("punch"));
   TD_RETURN_IF_ERROR(base_->PunchHole(offset, length));
   unflushed_.push_back(Op{OpKind::kPunch, offset, length, {}});
   return Status::Ok();
@@ -157,6 +203,7 @@ Status FaultyStorage::PunchHole(uint64_t offset, uint64_t length) {
 Status FaultyStorage::ZeroRange(uint64_t offset, uint64_t length) {
   std::lock_guard lock(mu_);
   TD_RETURN_IF_ERROR(DeadDiskCheck("zero range"));
+  TD_RETURN_IF_ERROR(EventFaultCheck("zero range"));
   TD_RETURN_IF_ERROR(base_->ZeroRange(offset, length));
   unflushed_.push_back(Op{OpKind::kZero, offset, length, {}});
   bytes_written_ += length;
@@ -193,13 +240,14 @@ Result<std::unique_ptr<MemoryStorage>> FaultyStorage::SimulatePowerLoss(PowerLos
   // The torn write for kTearOne: index into unflushed_ and bytes kept.
   size_t torn = unflushed_.size();
   uint64_t torn_keep = 0;
-  if (mode == PowerLossMode::kTearOne) {
+  if (mode == PowerLossMode::kTearOne || mode == PowerLossMode::kTearLast) {
     std::vector<size_t> candidates;
     for (size_t i = 0; i < unflushed_.size(); ++i) {
       if (unflushed_[i].kind == OpKind::kWrite && !unflushed_[i].data.empty()) candidates.push_back(i);
     }
     if (!candidates.empty()) {
-      torn = candidates[rng() % candidates.size()];
+      torn = mode == PowerLossMode::kTearLast ? candidates.back()
+                                              : candidates[rng() % candidates.size()];
       // Sector boundaries strictly inside the write, plus its start: the
       // write keeps a prefix that ends on one of them, never all of it.
       const Op& op = unflushed_[torn];
@@ -220,6 +268,7 @@ Result<std::unique_ptr<MemoryStorage>> FaultyStorage::SimulatePowerLoss(PowerLos
         if (rng() % 2 == 0) continue;
         break;
       case PowerLossMode::kTearOne:
+      case PowerLossMode::kTearLast:
         if (i == torn) limit = torn_keep;
         break;
     }

@@ -15,6 +15,13 @@
 //     of n bytes; one that does not fit fails with ENOSPC and writes nothing,
 //     and so does every later one until ClearFaults() (space restored).
 //
+//  Event faults (see io::Event): the driver announces named steps; FailAtEvent
+//  arms "fail the mutation that follows the n-th announcement of X" (once,
+//  or from then on with `persistent`; with `freeze` Flush fails too from
+//  then on, so nothing more becomes durable: SimulatePowerLoss afterwards
+//  is a power cut at that very step; with `freeze_after_next`, right after
+//  the step's own write). Announcements are counted per event.
+//
 //  Power loss: every mutation that completed since the last successful
 //  Flush is "unflushed" (WriteAt, ZeroRange, PunchHole, Resize, Allocate
 //  alike). The durable state is the state at construction with every
@@ -25,7 +32,9 @@
 //                        (seeded), applied in their original order;
 //   - kTearOne:          all unflushed mutations, except that one randomly
 //                        chosen unflushed WriteAt is kept only up to a random
-//                        512-byte boundary inside it (possibly none of it).
+//                        512-byte boundary inside it (possibly none of it);
+//   - kTearLast:         the same, but the torn write is the last unflushed
+//                        WriteAt (a power cut during the write in progress).
 //  The wrapper itself is unchanged; keep writing or discard it.
 //
 // Memory: keeps a copy of the durable state and of unflushed data, so it
@@ -50,7 +59,7 @@
 
 namespace thindisk::io {
 
-enum class PowerLossMode { kDropUnflushed, kKeepRandomSubset, kTearOne };
+enum class PowerLossMode { kDropUnflushed, kKeepRandomSubset, kTearOne, kTearLast };
 
 class FaultyStorage final : public Storage {
  public:
@@ -73,11 +82,30 @@ class FaultyStorage final : public Storage {
   Result<uint64_t> AllocatedBytes() override;
   uint64_t bytes_written() const override { return bytes_written_.load(); }
   const std::string& name() const override { return base_->name(); }
+  void Announce(Event e) override;
 
   // Fault knobs; `error` is an errno (EIO, ENOSPC, ...). n >= 1.
   void FailNthWrite(uint64_t n, int error = EIO, bool persistent = false);
   void FailNthFlush(uint64_t n, int error = EIO, bool persistent = false);
   void FailAfterBytes(uint64_t n);
+  struct EventFault {
+    Event event = Event::kDataWrite;
+    uint64_t nth = 1;        // which announcement (1 = the next one)
+    int error = EIO;         // errno of the failed mutation(s)
+    bool persistent = false;  // every later mutation fails too
+    bool freeze = false;      // and every later Flush (power cut at the step)
+    // With freeze: the mutation after the step still happens (unflushed,
+    // so a torn or partial power loss may keep any prefix of it); the
+    // power cut comes right after it.
+    bool freeze_after_next = false;
+  };
+  void FailAtEvent(const EventFault& fault);
+  // True once an armed event fault has fired (a mutation failed, or the
+  // freeze began).
+  bool event_fault_fired();
+  // Announcements of `e` since construction.
+  uint64_t event_count(Event e) const { return event_counts_[int(e)].load(); }
+
   // Disarms every fault and restores space; counters are kept.
   void ClearFaults();
 
@@ -115,6 +143,8 @@ class FaultyStorage final : public Storage {
   // Fails non-write mutations once a persistent write fault has fired.
   // REQUIRES: mu_ held.
   Status DeadDiskCheck(const char* op);
+  // Fails a mutation per the event fault, if one is due. REQUIRES: mu_ held.
+  Status EventFaultCheck(const char* op);
   Status Injected(int error, const char* op);
   static Status Apply(MemoryStorage& target, const Op& op, uint64_t write_limit);
 
@@ -123,12 +153,20 @@ class FaultyStorage final : public Storage {
   std::atomic<uint64_t> writes_{0};
   std::atomic<uint64_t> flushes_{0};
   std::atomic<uint64_t> faults_{0};
+  std::atomic<uint64_t> event_counts_[kEventCount] = {};
 
   std::mutex mu_;
   std::unique_ptr<MemoryStorage> durable_;  // guarded by mu_
   std::vector<Op> unflushed_;               // guarded by mu_
   Trigger write_fault_;                     // guarded by mu_
   Trigger flush_fault_;                     // guarded by mu_
+  EventFault event_fault_;                  // guarded by mu_
+  bool event_armed_ = false;                // guarded by mu_: waiting for the n-th event
+  uint64_t event_countdown_ = 0;            // guarded by mu_
+  bool event_pending_ = false;              // guarded by mu_: next mutation fails
+  bool event_dead_ = false;                 // guarded by mu_: every mutation fails
+  bool event_frozen_ = false;               // guarded by mu_: every Flush fails
+  bool event_fired_ = false;                // guarded by mu_
   bool space_limited_ = false;              // guarded by mu_
   bool space_exhausted_ = false;            // guarded by mu_
   uint64_t space_left_ = 0;                 // guarded by mu_

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -229,6 +230,98 @@ TEST(FaultyStorage, ConcurrentWritersAndFlushers) {
   ASSERT_TRUE(f->Flush().ok());
   EXPECT_EQ(f->writes(), 400u);
   EXPECT_EQ((*f->SimulatePowerLoss(PowerLossMode::kDropUnflushed, 0))->Contents(), Contents(*f));
+}
+
+TEST(FaultyStorage, FailsTheWriteAfterTheNthEventOnce) {
+  auto f = Wrap();
+  FaultyStorage::EventFault fault;
+  fault.event = Event::kL2Update;
+  fault.nth = 2;
+  f->FailAtEvent(fault);
+  f->Announce(Event::kL2Update);
+  EXPECT_TRUE(f->WriteAt(0, Fill(10, 1)).ok());
+  f->Announce(Event::kDataWrite);  // other steps do not count
+  EXPECT_TRUE(f->WriteAt(0, Fill(10, 1)).ok());
+  EXPECT_FALSE(f->event_fault_fired());
+  f->Announce(Event::kL2Update);
+  const Status s = f->WriteAt(10, Fill(10, 2));
+  EXPECT_EQ(s.error_number(), EIO);
+  EXPECT_TRUE(f->event_fault_fired());
+  EXPECT_EQ(*f->Size(), 10u);
+  EXPECT_TRUE(f->WriteAt(10, Fill(10, 3)).ok());  // once only
+  EXPECT_EQ(f->event_count(Event::kL2Update), 2u);
+  EXPECT_EQ(f->event_count(Event::kDataWrite), 1u);
+  EXPECT_EQ(f->event_count(Event::kL1Update), 0u);
+}
+
+TEST(FaultyStorage, PersistentEventFaultFailsEveryLaterMutation) {
+  auto f = Wrap();
+  FaultyStorage::EventFault fault;
+  fault.event = Event::kRefblockUpdate;
+  fault.error = ENOSPC;
+  fault.persistent = true;
+  f->FailAtEvent(fault);
+  f->Announce(Event::kRefblockUpdate);
+  EXPECT_EQ(f->WriteAt(0, Fill(10, 1)).error_number(), ENOSPC);
+  EXPECT_EQ(f->WriteAt(0, Fill(10, 1)).error_number(), ENOSPC);
+  EXPECT_EQ(f->PunchHole(0, 10).error_number(), ENOSPC);
+  EXPECT_EQ(f->ZeroRange(0, 10).error_number(), ENOSPC);
+  EXPECT_EQ(f->Resize(100).error_number(), ENOSPC);
+  EXPECT_TRUE(f->Flush().ok());  // a full disk still syncs
+  f->ClearFaults();
+  EXPECT_TRUE(f->WriteAt(0, Fill(10, 1)).ok());
+}
+
+TEST(FaultyStorage, FreezeAtEventIsAPowerCutThere) {
+  auto f = Wrap();
+  EXPECT_TRUE(f->WriteAt(0, Fill(512, 1)).ok());
+  EXPECT_TRUE(f->Flush().ok());
+  EXPECT_TRUE(f->WriteAt(512, Fill(512, 2)).ok());  // unflushed, before the cut
+  FaultyStorage::EventFault fault;
+  fault.event = Event::kHeaderUpdate;
+  fault.freeze = true;
+  f->FailAtEvent(fault);
+  f->Announce(Event::kHeaderUpdate);
+  EXPECT_TRUE(f->event_fault_fired());  // fired at the step itself
+  EXPECT_FALSE(f->WriteAt(1024, Fill(512, 3)).ok());
+  EXPECT_FALSE(f->Flush().ok());  // nothing more becomes durable
+  auto kept = f->SimulatePowerLoss(PowerLossMode::kTearOne, 1);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_LE(*(*kept)->Size(), 1024u);  // the write after the cut never happened
+  auto dropped = f->SimulatePowerLoss(PowerLossMode::kDropUnflushed, 1);
+  ASSERT_TRUE(dropped.has_value());
+  EXPECT_EQ(Contents(**dropped), Fill(512, 1));
+}
+
+TEST(FaultyStorage, FreezeAfterTheStepsWriteKeepsItUnflushed) {
+  auto f = Wrap();
+  FaultyStorage::EventFault fault;
+  fault.event = Event::kL1Update;
+  fault.freeze = true;
+  fault.freeze_after_next = true;
+  f->FailAtEvent(fault);
+  f->Announce(Event::kL1Update);
+  EXPECT_FALSE(f->event_fault_fired());
+  EXPECT_TRUE(f->WriteAt(0, Fill(1024, 7)).ok());  // the step's own write
+  EXPECT_TRUE(f->event_fault_fired());
+  EXPECT_FALSE(f->WriteAt(1024, Fill(10, 8)).ok());
+  EXPECT_FALSE(f->Flush().ok());
+  EXPECT_EQ(f->unflushed_ops(), 1u);
+  auto all = f->SimulatePowerLoss(PowerLossMode::kKeepRandomSubset, 3);
+  ASSERT_TRUE(all.has_value());
+  EXPECT_LE(*(*all)->Size(), 1024u);
+  auto torn = f->SimulatePowerLoss(PowerLossMode::kTearLast, 5);
+  ASSERT_TRUE(torn.has_value());
+  auto bytes = Contents(**torn);
+  EXPECT_EQ(bytes.size() % 512, 0u);  // a prefix of whole sectors, never all of it
+  EXPECT_LT(bytes.size(), 1024u);
+}
+
+TEST(FaultyStorage, EventNamesAreDistinct) {
+  std::set<std::string> names;
+  for (int e = 0; e < kEventCount; ++e) names.insert(EventName(Event(e)));
+  EXPECT_EQ(names.size(), size_t(kEventCount));
+  EXPECT_STREQ(EventName(Event::kL2Update), "l2_update");
 }
 
 }  // namespace

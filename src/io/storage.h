@@ -33,6 +33,39 @@
 
 namespace thindisk::io {
 
+// A named step of a format driver's write path, announced to the storage
+// just before the write (or read) it names, like QEMU's blkdebug events.
+// Fault-injecting storage uses them to fail "the write after step X";
+// the order in which they occur is docs/write-ordering.md.
+enum class Event : uint8_t {
+  kRefblockUpdate,   // an existing refcount block is rewritten
+  kRefblockAlloc,    // a newly created refcount block is written
+  kReftableUpdate,   // refcount table entries are written in place
+  kReftableGrow,     // a grown refcount table is written at its new place
+  kL2Alloc,          // a newly allocated (or copied) L2 table is written
+  kL2Update,         // an existing L2 table is rewritten
+  kL1Update,         // L1 entries are written in place
+  kL1Grow,           // a grown L1 table is written at its new place
+  kHeaderUpdate,     // the image header is rewritten
+  kCowRead,          // old content is read to fill around a partial write
+  kCowWrite,         // a cluster (or subcluster run) is written with copied content
+  kDataWrite,        // guest data is written as given
+  kCompressedWrite,  // a compressed cluster is written
+  kDiscardPunch,     // host space of discarded data is punched
+  kSnapshotTable,    // the snapshot table is written
+};
+inline constexpr int kEventCount = int(Event::kSnapshotTable) + 1;
+
+// The event's stable name ("l2_update"), for messages and test names.
+constexpr const char* EventName(Event e) {
+  constexpr const char* kNames[kEventCount] = {
+      "refblock_update", "refblock_alloc", "reftable_update", "reftable_grow",
+      "l2_alloc",        "l2_update",      "l1_update",       "l1_grow",
+      "header_update",   "cow_read",       "cow_write",       "data_write",
+      "compressed_write", "discard_punch", "snapshot_table"};
+  return size_t(e) < size_t(kEventCount) ? kNames[size_t(e)] : "unknown";
+}
+
 class Storage {
  public:
   virtual ~Storage() = default;
@@ -64,6 +97,11 @@ class Storage {
 
   // A short human name for messages ("disk.qcow2", "memory").
   virtual const std::string& name() const = 0;
+
+  // The caller is about to perform step `e` (see Event). Purely a hint for
+  // fault injection and tracing: the default does nothing, and no
+  // implementation may change what is stored because of it.
+  virtual void Announce(Event /*e*/) {}
 };
 
 enum class CacheMode {

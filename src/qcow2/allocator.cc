@@ -32,7 +32,8 @@ Allocator::Allocator(io::Storage& storage, const Header& h, uint64_t file_size,
       blocks_(storage, h.cluster_size(), cache_tables,
               [this, hook = std::move(flush_hook)]() {
                 return growing_ || !hook ? Status::Ok() : hook();
-              }) {
+              },
+              io::Event::kRefblockAlloc, io::Event::kRefblockUpdate) {
   uint64_t rounded = (file_size + cluster_size_ - 1) & ~(cluster_size_ - 1);
   fresh_from_ = rounded;
   host_end_ = rounded;
@@ -273,6 +274,7 @@ Status Allocator::WriteBlocks() {
     for (uint64_t i = 0; i < table_.size() && i * 8 < raw.size(); ++i) {
       StoreBe64(&raw[i * 8], table_[i]);
     }
+    storage_.Announce(io::Event::kReftableGrow);
     TD_RETURN_IF_ERROR(storage_.WriteAt(table_offset_, raw));
   }
   return Status::Ok();
@@ -283,6 +285,7 @@ Status Allocator::WriteTableEntries() {
   for (uint64_t i : dirty_entries_) {
     uint8_t raw[8];
     StoreBe64(raw, table_[i]);
+    storage_.Announce(io::Event::kReftableUpdate);
     TD_RETURN_IF_ERROR(storage_.WriteAt(table_offset_ + i * 8, raw));
   }
   dirty_entries_.clear();

@@ -89,6 +89,7 @@ Status ImageImpl::WriteCompressed(uint64_t offset, std::span<const uint8_t> data
     TD_ASSIGN_OR_RETURN(old, LookupLocked(gc));
     TD_ASSIGN_OR_RETURN(host, allocator_->AllocateBytes(*n));
   }
+  storage_->Announce(io::Event::kCompressedWrite);
   Status s = storage_->WriteAt(host, std::span<const uint8_t>(out.data(), *n));
   L2Mapping m;
   m.kind = ClusterKind::kCompressed;

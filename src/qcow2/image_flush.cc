@@ -10,6 +10,7 @@ namespace thindisk::qcow2 {
 
 Status ImageImpl::WriteHeaderLocked() {
   TD_ASSIGN_OR_RETURN(auto bytes, EncodeHeader(header_));
+  storage_->Announce(io::Event::kHeaderUpdate);
   return storage_->WriteAt(0, bytes);
 }
 
@@ -61,6 +62,7 @@ Status ImageImpl::FlushMetadataLocked() {
     for (size_t i = 0; i < l1_.size(); ++i) StoreBe64(&raw[i * 8], l1_[i]);
     uint64_t padded = (raw.size() + cluster_size_ - 1) & ~(cluster_size_ - 1);
     raw.resize(padded, 0);
+    storage_->Announce(io::Event::kL1Grow);
     TD_RETURN_IF_ERROR(storage_->WriteAt(new_l1_offset_, raw));
     TD_RETURN_IF_ERROR(storage_->Flush());
     header_.l1_table_offset = new_l1_offset_;
@@ -74,6 +76,7 @@ Status ImageImpl::FlushMetadataLocked() {
     for (uint64_t i : l1_dirty_) {
       uint8_t raw[8];
       StoreBe64(raw, l1_[i]);
+      storage_->Announce(io::Event::kL1Update);
       TD_RETURN_IF_ERROR(storage_->WriteAt(header_.l1_table_offset + i * 8, raw));
     }
     l1_dirty_.clear();

@@ -45,6 +45,7 @@ Status ImageImpl::WritePieceLocked(uint64_t gc, uint64_t in_off, uint64_t len,
     // A zeroed cluster that kept its host space: fill it in place.
     std::vector<uint8_t> buf;
     TD_RETURN_IF_ERROR(BuildContent(gc, m, 0, cs(), in_off, len, src, &buf));
+    storage_->Announce(io::Event::kCowWrite);
     TD_RETURN_IF_ERROR(storage_->WriteAt(m.host_offset, buf));
     L2Mapping n = m;
     n.kind = ClusterKind::kNormal;
@@ -59,6 +60,7 @@ Status ImageImpl::BuildContent(uint64_t gc, const L2Mapping& m, uint64_t start, 
                                std::vector<uint8_t>* out) {
   out->resize(end - start);
   std::span<uint8_t> buf(*out);
+  if (in_off > start || end > in_off + len) storage_->Announce(io::Event::kCowRead);
   if (in_off > start) {
     TD_RETURN_IF_ERROR(ReadWithMapping(gc, m, start, buf.first(in_off - start)));
   }
@@ -86,10 +88,12 @@ Status ImageImpl::WriteInPlace(uint64_t gc, const L2Mapping& m, uint64_t in_off,
     if (StateOf(m, last) != SubState::kData) end = std::min<uint64_t>((last + 1) * scs(), cs());
   }
   if (src && start == in_off && end == in_off + len) {
+    storage_->Announce(io::Event::kDataWrite);
     TD_RETURN_IF_ERROR(storage_->WriteAt(m.host_offset + start, std::span(src, len)));
   } else {
     std::vector<uint8_t> buf;
     TD_RETURN_IF_ERROR(BuildContent(gc, m, start, end, in_off, len, src, &buf));
+    storage_->Announce(io::Event::kCowWrite);
     TD_RETURN_IF_ERROR(storage_->WriteAt(m.host_offset + start, buf));
   }
   if (!extended_) return Status::Ok();
@@ -141,11 +145,15 @@ Status ImageImpl::WriteAllocating(uint64_t gc, const L2Mapping& m, uint64_t in_o
   }
   Status s;
   if (src && start == in_off && end == in_off + len) {
+    storage_->Announce(io::Event::kDataWrite);
     s = storage_->WriteAt(a.offset + start, std::span<const uint8_t>(src, len));  // no copy
   } else {
     std::vector<uint8_t> buf;
     s = BuildContent(gc, m, start, end, in_off, len, src, &buf);
-    if (s.ok()) s = storage_->WriteAt(a.offset + start, buf);
+    if (s.ok()) {
+      storage_->Announce(io::Event::kCowWrite);
+      s = storage_->WriteAt(a.offset + start, buf);
+    }
   }
   std::lock_guard lock(mu_);
   if (s.ok()) s = SetMappingLocked(gc, n);

@@ -130,6 +130,7 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
     bool ours = (m.kind == ClusterKind::kNormal || m.kind == ClusterKind::kZero) && m.copied &&
                 m.host_offset != 0;
     if (ours) {
+      storage_->Announce(io::Event::kDiscardPunch);
       Status p = storage_->PunchHole(m.host_offset, cs());
       if (!p.ok() && p.code() != Code::kNotSupported) return p;
     }
@@ -163,6 +164,7 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
   if (unmap && had_data) {
     // Space comes back at subcluster grain; the cluster itself stays ours.
     uint64_t punch_end = std::min(full_end, cs());
+    storage_->Announce(io::Event::kDiscardPunch);
     Status p = storage_->PunchHole(m.host_offset + full_start, punch_end - full_start);
     if (!p.ok() && p.code() != Code::kNotSupported) return p;
   }

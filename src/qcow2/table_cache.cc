@@ -5,11 +5,14 @@
 namespace thindisk::qcow2 {
 
 TableCache::TableCache(io::Storage& storage, uint64_t table_size, size_t capacity,
-                       std::function<Status()> flush_hook)
+                       std::function<Status()> flush_hook, io::Event fresh_event,
+                       io::Event update_event)
     : storage_(storage),
       table_size_(table_size),
       capacity_(std::max<size_t>(capacity, 2)),
-      flush_hook_(std::move(flush_hook)) {}
+      flush_hook_(std::move(flush_hook)),
+      fresh_event_(fresh_event),
+      update_event_(update_event) {}
 
 void TableCache::Touch(Entry& e) { lru_.splice(lru_.begin(), lru_, e.lru_pos); }
 
@@ -69,6 +72,7 @@ Result<std::shared_ptr<Table>> TableCache::New(uint64_t offset) {
   auto t = std::make_shared<Table>();
   t->offset = offset;
   t->data.assign(table_size_, 0);
+  t->fresh = true;
   MarkDirty(*t);
   lru_.push_front(offset);
   map_.emplace(offset, Entry{t, lru_.begin()});
@@ -96,8 +100,10 @@ Status TableCache::WriteDirty() {
   std::sort(dirty.begin(), dirty.end(),
             [](const Table* a, const Table* b) { return a->offset < b->offset; });
   for (Table* t : dirty) {
+    storage_.Announce(t->fresh ? fresh_event_ : update_event_);
     TD_RETURN_IF_ERROR(storage_.WriteAt(t->offset, t->data));
     t->dirty = false;
+    t->fresh = false;
     --dirty_count_;
   }
   return Status::Ok();

@@ -32,6 +32,7 @@ struct Table {
   uint64_t offset = 0;  // host offset, cluster-aligned
   std::vector<uint8_t> data;
   bool dirty = false;
+  bool fresh = false;  // created by New() and not yet written
 };
 
 class TableCache {
@@ -40,8 +41,11 @@ class TableCache {
   // this cache (and whatever must precede it); it is called with the owner's
   // lock held, and must not call back into Get()/New() of this cache in a way
   // that loads more than it frees.
+  // Each table write is announced to the storage as `fresh_event` (first
+  // write of a table made by New()) or `update_event`.
   TableCache(io::Storage& storage, uint64_t table_size, size_t capacity,
-             std::function<Status()> flush_hook);
+             std::function<Status()> flush_hook, io::Event fresh_event = io::Event::kL2Alloc,
+             io::Event update_event = io::Event::kL2Update);
 
   // The table at `offset`, read from storage on a miss.
   Result<std::shared_ptr<Table>> Get(uint64_t offset);
@@ -73,6 +77,8 @@ class TableCache {
   const uint64_t table_size_;
   const size_t capacity_;
   std::function<Status()> flush_hook_;
+  const io::Event fresh_event_;
+  const io::Event update_event_;
   bool in_flush_hook_ = false;
 
   std::unordered_map<uint64_t, Entry> map_;

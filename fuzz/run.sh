@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan) into build-fuzz/
+# and runs each for the given number of seconds (default 60), starting from
+# fuzz/corpus/<target>/ (new inputs go to build-fuzz/corpus/<target>/).
+# Crashers land in build-fuzz/crashers/<target>/; commit each one under
+# fuzz/regressions/<target>/ once fixed (ctest -L fuzz replays them).
+#
+#   fuzz/run.sh [seconds] [target...]
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(dirname "$here")"
+secs="${1:-60}"
+shift || true
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(qcow2_open_fuzz nbd_session_fuzz)
+build="$root/build-fuzz"
+
+cc="$(command -v clang-14 || command -v clang)"
+cxx="$(command -v clang++-14 || command -v clang++)"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
+  -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link" -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link" \
+  -DTHINDISK_SANITIZE=address,undefined >/dev/null
+cmake --build "$build" -j2 --target "${targets[@]}"
+
+status=0
+for t in "${targets[@]}"; do
+  mkdir -p "$build/corpus/$t" "$build/crashers/$t"
+  echo "== $t for ${secs}s"
+  if ! (cd "$build/crashers/$t" && "$build/fuzz/$t" -max_total_time="$secs" -timeout=10 \
+        -rss_limit_mb=2048 -print_final_stats=1 \
+        "$build/corpus/$t" "$here/corpus/$t" 2>&1 | tail -n 25); then
+    status=1
+  fi
+done
+exit $status
