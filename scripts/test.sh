@@ -6,7 +6,8 @@
 # Environment:
 #   THINDISK_SKIP_DEPS=1   skip scripts/install-deps.sh (developer machines)
 #   THINDISK_JOBS=N        build and test parallelism (default 2)
-#   THINDISK_SKIP_ASAN=1   only the optimized pass (quick local iteration)
+#   THINDISK_SKIP_ASAN=1   skip the ASan+UBSan pass (quick local iteration)
+#   THINDISK_SKIP_TSAN=1   skip the ThreadSanitizer pass (server and engine threads)
 #   THINDISK_BUILD_DIR, THINDISK_ASAN_BUILD_DIR   build directories (default
 #                          build, build-asan)
 set -euo pipefail
@@ -54,6 +55,34 @@ if [[ ${THINDISK_SKIP_ASAN:-0} != 1 ]]; then
   # line tables are all the sanitizer stack traces need.
   build_and_test "$BUILD_ASAN" -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" \
     -DTHINDISK_SANITIZE=address,undefined
+fi
+if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
+  # ThreadSanitizer for what runs requests in parallel: the NBD server (its
+  # unit and real-socket tests, and the fio/qemu-io suites through the real
+  # binary) and the engine's multi-threaded tests. Only these targets are
+  # built: the rest of the suite has no threads of its own.
+  BUILD_TSAN=${THINDISK_TSAN_BUILD_DIR:-build-tsan}
+  step "configure $BUILD_TSAN"
+  cmake -S "$ROOT" -B "$ROOT/$BUILD_TSAN" -G Ninja -DTHINDISK_WERROR=ON \
+    -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DTHINDISK_SANITIZE=thread
+  step "build $BUILD_TSAN"
+  TSAN_TARGETS=(nbd_server_test nbd_run_server_test nbd_negotiation_test nbd_filter_device_test
+                qcow2_engine_test thindisk)
+  cmake --build "$ROOT/$BUILD_TSAN" -j"$JOBS" --target "${TSAN_TARGETS[@]}"
+  step "test $BUILD_TSAN"
+  export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+  tsan_ok=1
+  for t in nbd/nbd_server_test nbd/nbd_run_server_test nbd/nbd_negotiation_test \
+           nbd/nbd_filter_device_test; do
+    "$ROOT/$BUILD_TSAN/src/$t" --gtest_brief=1 || tsan_ok=0
+  done
+  "$ROOT/$BUILD_TSAN/src/qcow2/qcow2_engine_test" --gtest_brief=1 \
+    --gtest_filter='*Concurrency*:*FlushOrdering*' || tsan_ok=0
+  # The real server under TSan, driven by fio and qemu-io.
+  for t in fio qemu_io; do
+    THINDISK="$ROOT/$BUILD_TSAN/thindisk" timeout 600 bash tests/serve/$t.sh || tsan_ok=0
+  done
+  ((tsan_ok)) || FAILED+=("$BUILD_TSAN")
 fi
 if ((${#FAILED[@]})); then
   step "FAILED: tests failed in ${FAILED[*]}"
