@@ -7,6 +7,8 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   build-essential g++ cmake ninja-build pkg-config git clang
+  # clang's sanitizer and libFuzzer runtimes (a Recommends, which --no-install-recommends skips)
+  libclang-rt-14-dev
   # libraries
   zlib1g-dev libzstd-dev liburing-dev libcli11-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev libnbd-dev

@@ -8,6 +8,8 @@
 #   THINDISK_JOBS=N        build and test parallelism (default 2)
 #   THINDISK_SKIP_ASAN=1   skip the ASan+UBSan pass (quick local iteration)
 #   THINDISK_SKIP_TSAN=1   skip the ThreadSanitizer pass (server and engine threads)
+#   THINDISK_SKIP_FUZZ=1   skip the libFuzzer pass (clang, ASan+UBSan)
+#   THINDISK_FUZZ_SECONDS=N  time per fuzz target (default 60)
 #   THINDISK_BUILD_DIR, THINDISK_ASAN_BUILD_DIR   build directories (default
 #                          build, build-asan)
 set -euo pipefail
@@ -83,6 +85,16 @@ if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
     THINDISK="$ROOT/$BUILD_TSAN/thindisk" timeout 600 bash tests/serve/$t.sh || tsan_ok=0
   done
   ((tsan_ok)) || FAILED+=("$BUILD_TSAN")
+fi
+if [[ ${THINDISK_SKIP_FUZZ:-0} != 1 ]]; then
+  # libFuzzer needs clang: fuzz/run.sh builds the targets with clang 14 under
+  # ASan+UBSan into build-fuzz/ and runs each for a bounded time from the
+  # committed seed corpus; the committed crashers are then replayed by ctest.
+  step "fuzz (${THINDISK_FUZZ_SECONDS:-60} s per target)"
+  fuzz_ok=1
+  bash fuzz/run.sh "${THINDISK_FUZZ_SECONDS:-60}" || fuzz_ok=0
+  (cd "$ROOT/build-fuzz" && ctest --output-on-failure -L fuzz) || fuzz_ok=0
+  ((fuzz_ok)) || FAILED+=(build-fuzz)
 fi
 if ((${#FAILED[@]})); then
   step "FAILED: tests failed in ${FAILED[*]}"
