@@ -159,21 +159,24 @@ Status PosixStorage::DirectWrite(uint64_t offset, std::span<const uint8_t> buf) 
   const uint64_t bs = block_size_;
   const uint64_t end = offset + buf.size();
   const bool aligned_range = offset % bs == 0 && buf.size() % bs == 0;
-  if (aligned_range && reinterpret_cast<uintptr_t>(buf.data()) % bs == 0) {
-    return PwriteFull(offset, buf);
-  }
 
   // 1. A partial tail block past EOF is written whole and must be trimmed
-  //    back afterwards; hold extend_mu_ so two such writers don't race on
-  //    the trim. Aligned writers never need it.
-  std::unique_lock<std::mutex> extend_lock(extend_mu_, std::defer_lock);
+  //    back afterwards: hold extend_mu_ exclusively until then, so no other
+  //    write (which may extend the file) runs between the size check and
+  //    the trim. Any other write holds it shared.
+  std::unique_lock<std::shared_mutex> trim_lock(extend_mu_, std::defer_lock);
+  std::shared_lock<std::shared_mutex> grow_lock(extend_mu_, std::defer_lock);
   uint64_t size_before = 0;
   bool may_trim = false;
   if (end % bs != 0 && !is_block_device_) {
-    extend_lock.lock();
+    trim_lock.lock();
     TD_ASSIGN_OR_RETURN(size_before, Size());
     may_trim = (end + bs - 1) / bs * bs > size_before;
-    if (!may_trim) extend_lock.unlock();
+    if (!may_trim) trim_lock.unlock();
+  }
+  if (!may_trim) grow_lock.lock();
+  if (aligned_range && reinterpret_cast<uintptr_t>(buf.data()) % bs == 0) {
+    return PwriteFull(offset, buf);
   }
 
   // 2. Walk the request: partial blocks by RMW, aligned runs via a bounce
@@ -233,6 +236,7 @@ Status PosixStorage::Resize(uint64_t size) {
   TD_RETURN_IF_ERROR(CheckWritable());
   TD_RETURN_IF_ERROR(CheckRange(path_, size, 0));
   if (is_block_device_) return Status::NotSupported(path_ + ": a block device cannot be resized");
+  std::shared_lock grow_lock(extend_mu_);  // not inside a direct write's trim
   int r;
   do {
     r = ftruncate(fd_, static_cast<off_t>(size));
@@ -245,6 +249,7 @@ Status PosixStorage::Allocate(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(CheckWritable());
   TD_RETURN_IF_ERROR(CheckRange(path_, offset, length));
   if (length == 0) return Status::Ok();
+  std::shared_lock grow_lock(extend_mu_);  // may extend: not during a direct trim
   const int e = RetryFallocate(fd_, 0, offset, length);
   if (e == 0) return Status::Ok();
   if (IsUnsupported(e)) {
@@ -272,7 +277,9 @@ Status PosixStorage::ZeroRange(uint64_t offset, uint64_t length) {
   if (length == 0) return Status::Ok();
   // Block devices take ZERO_RANGE only with KEEP_SIZE (their size is fixed).
   const int zero_mode = FALLOC_FL_ZERO_RANGE | (is_block_device_ ? FALLOC_FL_KEEP_SIZE : 0);
+  std::shared_lock grow_lock(extend_mu_);  // may extend: not during a direct trim
   int e = RetryFallocate(fd_, zero_mode, offset, length);
+  grow_lock.unlock();  // the fallbacks below write through DirectWrite
   if (e == 0) {
     bytes_written_ += length;
     return Status::Ok();

@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <span>
 #include <string>
 
@@ -59,6 +60,14 @@ class PosixStorage final : public Storage {
   const std::string& name() const override { return path_; }
 
   bool direct() const { return direct_; }
+
+  // For another writer of the same file (UringStorage's ring writes): hold
+  // this while a write may extend the file, so that a direct write's tail
+  // trim (see extend_mu_) never cuts it off. Do not call this object's
+  // write methods while holding it.
+  std::shared_lock<std::shared_mutex> LockAgainstTrim() {
+    return std::shared_lock<std::shared_mutex>(extend_mu_);
+  }
   uint32_t block_size() const { return block_size_; }
 
  private:
@@ -88,9 +97,12 @@ class PosixStorage final : public Storage {
   std::atomic<uint64_t> bytes_written_{0};
   // Serializes RMWs that touch the same block (block index % kStripes).
   std::array<std::mutex, kStripes> stripes_;
-  // Held by direct writes whose block-rounded end passes EOF: they write a
-  // whole block and then trim the file back to the requested end.
-  std::mutex extend_mu_;
+  // Direct writes whose block-rounded end passes EOF write a whole block and
+  // then trim the file back to the requested end: they hold this exclusively
+  // from their size check to the trim. Everything else that may grow a
+  // direct_ file (writes, fallocate, ftruncate) holds it shared, so the trim
+  // never cuts off a concurrent extension.
+  std::shared_mutex extend_mu_;
 };
 
 }  // namespace thindisk::io

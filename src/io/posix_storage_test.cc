@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <barrier>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -305,6 +306,37 @@ TEST_F(DirectIo, ConcurrentRmwOfOneBlockLosesNothing) {
       ASSERT_EQ(got[off], t + 1) << "lost byte at " << off;
     }
   }
+}
+
+// Regression (found by tests/serve/kill.sh with --cache=none): a write whose
+// unaligned tail passes EOF writes a whole block and trims the file back;
+// an extending write by another thread that landed between the trim's size
+// check and its ftruncate was cut off, so acknowledged data read as zeros.
+TEST_F(DirectIo, DirectTailTrimDoesNotCutConcurrentExtendingWrite) {
+  constexpr uint64_t kSlot = 64 << 10;
+  constexpr int kRounds = 300;
+  const auto tail = Pattern(5000, 1);       // slot 2i: unaligned end past EOF
+  const auto whole = Pattern(kSlot, 2);     // slot 2i+1: block-aligned, extends
+  std::barrier sync(2);
+  std::thread trimmer([&] {
+    for (int i = 0; i < kRounds; ++i) {
+      sync.arrive_and_wait();
+      EXPECT_TRUE(s_->WriteAt(2 * i * kSlot + 100, tail).ok());
+    }
+  });
+  for (int i = 0; i < kRounds; ++i) {
+    sync.arrive_and_wait();
+    EXPECT_TRUE(s_->WriteAt((2 * i + 1) * kSlot, whole).ok());
+  }
+  trimmer.join();
+  std::vector<uint8_t> got(kSlot);
+  for (int i = 0; i < kRounds; ++i) {
+    ASSERT_TRUE(s_->ReadAt((2 * i + 1) * kSlot, got).ok());
+    ASSERT_EQ(got, whole) << "extending write " << i << " was cut";
+    ASSERT_TRUE(s_->ReadAt(2 * i * kSlot + 100, std::span(got).first(tail.size())).ok());
+    ASSERT_TRUE(std::equal(tail.begin(), tail.end(), got.begin())) << "tail write " << i;
+  }
+  EXPECT_EQ(*s_->Size(), 2 * kRounds * kSlot);
 }
 
 TEST_F(DirectIo, ZeroRangeAndAlignedPathWork) {

@@ -80,7 +80,11 @@ Result<std::unique_ptr<Storage>> OpenUringFile(const std::string& path,
 
 UringStorage::UringStorage(int fd, std::unique_ptr<Storage> fallback, CacheMode cache,
                            bool direct)
-    : fd_(fd), fallback_(std::move(fallback)), cache_(cache), direct_(direct) {}
+    : fd_(fd),
+      fallback_(std::move(fallback)),
+      posix_(dynamic_cast<PosixStorage*>(fallback_.get())),
+      cache_(cache),
+      direct_(direct) {}
 
 UringStorage::~UringStorage() { ::close(fd_); }
 
@@ -121,10 +125,16 @@ Status UringStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
   io_uring* ring = t_ring.Get();
   if (ring == nullptr || !Aligned(offset, buf.data(), buf.size()))
     return fallback_->WriteAt(offset, buf);
+  // An O_DIRECT write may extend the file: not while the fallback trims a
+  // block-rounded tail (PosixStorage::LockAgainstTrim). Released before any
+  // call into the fallback.
+  std::shared_lock<std::shared_mutex> grow_lock;
+  if (direct_ && posix_ != nullptr) grow_lock = posix_->LockAgainstTrim();
   size_t done = 0;
   while (done < buf.size()) {
     io_uring_sqe* sqe = io_uring_get_sqe(ring);
     if (sqe == nullptr) {
+      if (grow_lock.owns_lock()) grow_lock.unlock();
       TD_RETURN_IF_ERROR(fallback_->WriteAt(offset + done, buf.subspan(done)));
       break;
     }
@@ -138,6 +148,7 @@ Status UringStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
     done += size_t(res);
     bytes_written_.fetch_add(uint64_t(res), std::memory_order_relaxed);
     if (direct_ && done < buf.size()) {
+      if (grow_lock.owns_lock()) grow_lock.unlock();
       TD_RETURN_IF_ERROR(fallback_->WriteAt(offset + done, buf.subspan(done)));
       break;
     }

@@ -22,6 +22,7 @@
 #include <memory>
 #include <string>
 
+#include "io/posix_storage.h"
 #include "io/storage.h"
 
 namespace thindisk::io {
@@ -76,6 +77,7 @@ class UringStorage final : public Storage {
 
   const int fd_;
   const std::unique_ptr<Storage> fallback_;
+  PosixStorage* const posix_;  // fallback_ as a PosixStorage (nullptr if not)
   const CacheMode cache_;
   const bool direct_;
   std::atomic<uint64_t> bytes_written_{0};

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <barrier>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -96,6 +97,40 @@ TEST(UringStorage, DirectAlignedAndUnalignedRequests) {
   EXPECT_TRUE(std::equal(data.begin(), data.end(), aligned));
   std::free(aligned);
   ASSERT_TRUE(s->Flush().ok());
+}
+
+// Regression (tests/serve/kill.sh, --aio=io_uring --cache=none): a ring
+// write extending the file while the fallback trimmed a block-rounded tail
+// past EOF was cut off by that trim.
+TEST(UringStorage, DirectTailTrimDoesNotCutConcurrentRingWrite) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  OPEN_OR_SKIP(s, dir.File("t"), CacheMode::kNone);
+  constexpr uint64_t kSlot = 64 << 10;
+  constexpr int kRounds = 300;
+  const auto tail = Pattern(5000, 1);  // slot 2i: fallback, unaligned end past EOF
+  auto* whole = static_cast<uint8_t*>(std::aligned_alloc(4096, kSlot));  // slot 2i+1: ring
+  ASSERT_NE(whole, nullptr);
+  const auto data = Pattern(kSlot, 2);
+  std::copy(data.begin(), data.end(), whole);
+  std::barrier sync(2);
+  std::thread trimmer([&] {
+    for (int i = 0; i < kRounds; ++i) {
+      sync.arrive_and_wait();
+      EXPECT_TRUE(s->WriteAt(2 * i * kSlot + 100, tail).ok());
+    }
+  });
+  for (int i = 0; i < kRounds; ++i) {
+    sync.arrive_and_wait();
+    EXPECT_TRUE(s->WriteAt((2 * i + 1) * kSlot, std::span<const uint8_t>(whole, kSlot)).ok());
+  }
+  trimmer.join();
+  std::free(whole);
+  std::vector<uint8_t> got(kSlot);
+  for (int i = 0; i < kRounds; ++i) {
+    ASSERT_TRUE(s->ReadAt((2 * i + 1) * kSlot, got).ok());
+    ASSERT_EQ(got, data) << "ring write " << i << " was cut";
+  }
 }
 
 TEST(UringStorage, ConcurrentThreadsEachUseTheirRing) {
