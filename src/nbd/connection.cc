@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
+#include <new>
 
 #include "nbd/fd_io.h"
 #include "util/endian.h"
@@ -17,6 +19,35 @@ namespace {
 // (the spec allows both).
 constexpr size_t kMaxExtentLookups = 4096;
 constexpr size_t kMaxDescriptors = 1024;
+// Read-ahead of the transmission phase: a client at queue depth 16 sends
+// 16 small requests back to back, and one recv takes them all. Payloads
+// larger than half of it are read straight into their own buffer.
+constexpr size_t kReadAhead = 128u << 10;
+// Payload buffers are aligned for O_DIRECT (--cache=none).
+constexpr size_t kPayloadAlign = 4096;
+
+// Skips `n` bytes at the front of `iov` (bytes a partial send already took).
+void AdvanceIov(std::vector<iovec>* iov, size_t n) {
+  size_t first = 0;
+  while (n > 0 && first < iov->size()) {
+    iovec& v = (*iov)[first];
+    if (n >= v.iov_len) {
+      n -= v.iov_len;
+      ++first;
+    } else {
+      v.iov_base = static_cast<uint8_t*>(v.iov_base) + n;
+      v.iov_len -= n;
+      n = 0;
+    }
+  }
+  iov->erase(iov->begin(), iov->begin() + ptrdiff_t(first));
+}
+
+size_t IovBytes(const std::vector<iovec>& iov) {
+  size_t total = 0;
+  for (const iovec& v : iov) total += v.iov_len;
+  return total;
+}
 
 iovec Iov(const void* p, size_t n) { return iovec{const_cast<void*>(p), n}; }
 
@@ -145,42 +176,98 @@ Status Connection::Negotiate() {
   return Status::Ok();
 }
 
+Status Connection::Buffer(size_t need) {
+  if (rend_ - rpos_ >= need) return Status::Ok();
+  if (rpos_ > 0) {
+    std::memmove(rbuf_.data(), rbuf_.data() + rpos_, rend_ - rpos_);
+    rend_ -= rpos_;
+    rpos_ = 0;
+  }
+  Result<size_t> n = ReadAtLeast(in_fd_, std::span<uint8_t>(rbuf_).subspan(rend_),
+                                 need - rend_, cancel_fd_);
+  if (!n.has_value()) {
+    if (n.error().code() == Code::kNotFound && rend_ > 0)
+      return Status(Code::kIoError, "connection closed mid-message");
+    return n.error();
+  }
+  rend_ += *n;
+  return Status::Ok();
+}
+
+Status Connection::TakeInto(std::span<uint8_t> out) {
+  const size_t have = std::min(out.size(), rend_ - rpos_);
+  if (have > 0) std::memcpy(out.data(), rbuf_.data() + rpos_, have);
+  rpos_ += have;
+  std::span<uint8_t> rest = out.subspan(have);
+  if (rest.empty()) return Status::Ok();
+  if (rest.size() > rbuf_.size() / 2) return ReadExact(in_fd_, rest, cancel_fd_);
+  TD_RETURN_IF_ERROR(Buffer(rest.size()));
+  std::memcpy(rest.data(), rbuf_.data() + rpos_, rest.size());
+  rpos_ += rest.size();
+  return Status::Ok();
+}
+
+Status Connection::Drop(uint64_t length) {
+  const size_t have = size_t(std::min<uint64_t>(length, rend_ - rpos_));
+  rpos_ += have;
+  return Skip(in_fd_, length - have, cancel_fd_);
+}
+
+bool Connection::RunInline(const Request& r, size_t cost) {
+  (void)cost;
+  if (r.type == kCmdFlush || r.length > options_.inline_max_bytes) return false;
+  // Only when nothing of ours is on the pool and no further request is
+  // already buffered (a low queue depth): then nothing waits behind this
+  // request, and a hand-off would only add two context switches. A client
+  // that pipelines gets its requests run in parallel on the pool.
+  return rpos_ == rend_ && on_pool_.load(std::memory_order_acquire) == 0;
+}
+
 Status Connection::Transmit() {
+  rbuf_.resize(kReadAhead);
   for (;;) {
-    // ReadExact may not poll cancel_fd_ while requests keep arriving.
+    // Reads may not poll cancel_fd_ while requests keep arriving.
     if (shutting_down_ != nullptr && shutting_down_->load()) return Status::Busy("cancelled");
+    if (replies_lost_.load(std::memory_order_relaxed))
+      return Status(Code::kIoError, "client stopped taking replies");
     // 1. Header: decoded, then validated once, here.
-    std::vector<uint8_t> buf;
-    Result<Decoded<Request>> d = DecodeRequest(buf);
-    while (d.has_value() && !d->complete()) {
-      TD_RETURN_IF_ERROR(ReadInto(&buf, d->need));
-      d = DecodeRequest(buf);
-    }
+    TD_RETURN_IF_ERROR(Buffer(kRequestHeaderSize));
+    Result<Decoded<Request>> d =
+        DecodeRequest(std::span<const uint8_t>(rbuf_.data() + rpos_, kRequestHeaderSize));
     if (!d.has_value()) return d.error();  // bad magic: the stream is lost
+    rpos_ += kRequestHeaderSize;
     const Request req = *d->message;
     if (req.type == kCmdDisc) return Status::NotFound("client disconnected");
     Verdict v = ValidateRequest(req, request_context_);
     const uint32_t wire_payload = WirePayloadLength(req);
     if (!v.ok()) {
       // 2a. Invalid: skip its payload to stay in sync, answer, go on.
-      TD_RETURN_IF_ERROR(Skip(in_fd_, wire_payload, cancel_fd_));
+      TD_RETURN_IF_ERROR(Drop(wire_payload));
       Admit(0);
-      Enqueue(ErrorReply(req, v.error, v.message), 0);
+      Send(ErrorReply(req, v.error, v.message), 0);
       continue;
     }
-    // 2b. Valid: wait for room, read the payload, hand it to a worker.
+    // 2b. Valid: wait for room, read the payload, run it here or on a worker.
     const size_t cost = Cost(req);
     Admit(cost);
-    std::vector<uint8_t> payload;
-    Status s = ReadInto(&payload, wire_payload);
+    PayloadBuffer payload(wire_payload);
+    Status s = TakeInto(payload.span());
     if (!s.ok()) {
       Release(cost);
       return s.code() == Code::kNotFound
                  ? Status(Code::kIoError, "client vanished mid-request")
                  : s;
     }
-    pool_->Submit([this, req, cost, p = std::move(payload)]() mutable {
-      Enqueue(Execute(req, std::move(p)), cost);
+    if (RunInline(req, cost)) {
+      Send(Execute(req, payload.span()), cost);
+      continue;
+    }
+    on_pool_.fetch_add(1, std::memory_order_acq_rel);
+    // std::function needs a copyable task: the buffer travels in a shared_ptr.
+    pool_->Submit([this, req, cost, p = std::make_shared<PayloadBuffer>(std::move(payload))] {
+      OutgoingReply reply = Execute(req, p->span());
+      on_pool_.fetch_sub(1, std::memory_order_acq_rel);
+      Send(std::move(reply), cost);
     });
   }
 }
@@ -211,7 +298,7 @@ void Connection::WaitIdle() {
   flow_cv_.wait(lock, [&] { return inflight_requests_ == 0; });
 }
 
-OutgoingReply Connection::Execute(const Request& r, std::vector<uint8_t> payload) {
+OutgoingReply Connection::Execute(const Request& r, std::span<const uint8_t> payload) {
   if (r.type == kCmdRead) return ExecuteRead(r);
   if (r.type == kCmdBlockStatus) return ExecuteBlockStatus(r);
   Status s = ExecuteSimple(r, payload);
@@ -248,8 +335,8 @@ OutgoingReply Connection::ExecuteRead(const Request& r) {
   OutgoingReply reply;
   // Simple replies, or DF: one piece of data, holes included as zeros.
   if (!structured_ || (r.flags & kCmdFlagDf)) {
-    std::vector<uint8_t> data(r.length);
-    Status s = dev.Read(r.offset, data);
+    PayloadBuffer data(r.length);
+    Status s = dev.Read(r.offset, data.span());
     if (!s.ok()) return ErrorReply(r, NbdErrorFromStatus(s), s.message());
     if (structured_) {
       reply.AddHead(EncodeOffsetDataHeader(kReplyFlagDone, r.handle, r.offset, r.length));
@@ -266,11 +353,11 @@ OutgoingReply Connection::ExecuteRead(const Request& r) {
   std::vector<Segment> segments = MapSegments(dev, r.offset, r.length);
   const bool any_data = std::any_of(segments.begin(), segments.end(),
                                     [](const Segment& seg) { return !seg.hole; });
-  std::vector<uint8_t> data(any_data ? r.length : 0);  // all holes: nothing to buffer
+  // Hole bytes of `data` stay unset: they are never sent.
+  PayloadBuffer data(any_data ? r.length : 0);  // all holes: nothing to buffer
   for (const Segment& seg : segments) {
     if (seg.hole) continue;
-    Status s = dev.Read(
-        seg.offset, std::span<uint8_t>(data).subspan(seg.offset - r.offset, seg.length));
+    Status s = dev.Read(seg.offset, data.span().subspan(seg.offset - r.offset, seg.length));
     if (!s.ok()) return ErrorReply(r, NbdErrorFromStatus(s), s.message());
   }
   for (size_t i = 0; i < segments.size(); ++i) {
@@ -343,37 +430,89 @@ OutgoingReply Connection::ErrorReply(const Request& r, uint32_t error,
   return reply;
 }
 
-void Connection::Enqueue(OutgoingReply reply, size_t cost) {
-  // Notify under the lock: once the writer sends this reply, Run() may
-  // return and destroy the connection, so this worker must be done with
-  // write_cv_ before the writer can see the reply.
-  std::lock_guard<std::mutex> lock(write_mu_);
-  replies_.emplace_back(std::move(reply), cost);
-  write_cv_.notify_one();
+void Connection::Send(OutgoingReply reply, size_t cost) {
+  std::unique_lock<std::mutex> lock(write_mu_);
+  if (sending_ || !replies_.empty() || !direct_ok_ || write_failed_) {
+    // Notify under the lock: once the writer sends this reply, Run() may
+    // return and destroy the connection, so this thread must be done with
+    // write_cv_ before the writer can see the reply.
+    replies_.push_back({std::move(reply), cost, 0});
+    write_cv_.notify_one();
+    return;
+  }
+  sending_ = true;  // the socket is ours until we give it back
+  lock.unlock();
+  std::vector<iovec> iov;
+  reply.AppendIovecs(&iov);
+  const size_t total = IovBytes(iov);
+  size_t sent = 0;
+  Status error;
+  while (sent < total) {
+    Result<size_t> n = TrySendV(out_fd_, iov);
+    if (!n.has_value()) {
+      error = n.error();
+      break;
+    }
+    if (*n == 0) break;  // full: the writer finishes it
+    sent += *n;
+    AdvanceIov(&iov, *n);
+  }
+  lock.lock();
+  sending_ = false;
+  if (error.code() == Code::kNotSupported) {
+    direct_ok_ = false;  // not a socket: blocking writes on the writer only
+  } else if (!error.ok()) {
+    write_failed_ = true;
+    replies_lost_.store(true, std::memory_order_relaxed);
+  }
+  if (sent < total && (error.ok() || error.code() == Code::kNotSupported)) {
+    // The rest of this reply must go before any other.
+    replies_.push_front({std::move(reply), cost, sent});
+    write_cv_.notify_one();
+    return;
+  }
+  if (!replies_.empty()) write_cv_.notify_one();
+  lock.unlock();
+  if (!error.ok()) {
+    Log("nbd: cannot send reply: " + error.message());
+    // Wake the reader if out_fd_ is a socket: there is no one to answer.
+    (void)shutdown(out_fd_, SHUT_RDWR);
+  }
+  Release(cost);  // last: afterwards Run() may return and destroy *this
 }
 
 void Connection::WriterLoop() {
   for (;;) {
-    std::deque<std::pair<OutgoingReply, size_t>> batch;
+    std::deque<Queued> batch;
+    bool failed;
     {
       std::unique_lock<std::mutex> lock(write_mu_);
-      write_cv_.wait(lock, [&] { return writer_stop_ || !replies_.empty(); });
+      write_cv_.wait(lock, [&] { return !sending_ && (writer_stop_ || !replies_.empty()); });
       if (replies_.empty()) return;  // stopping, and nothing is owed
       batch.swap(replies_);
+      sending_ = true;
+      failed = write_failed_;
     }
-    // Everything that piled up goes out in one writev.
+    // Everything that piled up goes out in one writev; only the first reply
+    // can have been sent in part (by a direct send).
     std::vector<iovec> iov;
-    for (const auto& [reply, cost] : batch) reply.AppendIovecs(&iov);
-    if (!write_failed_) {
-      Status s = WriteAllV(out_fd_, iov);
+    for (const Queued& q : batch) q.reply.AppendIovecs(&iov);
+    AdvanceIov(&iov, batch.front().sent);
+    Status s = failed ? Status::Ok() : WriteAllV(out_fd_, iov);
+    {
+      std::lock_guard<std::mutex> lock(write_mu_);
+      sending_ = false;
       if (!s.ok()) {
         write_failed_ = true;
-        Log("nbd: cannot send reply: " + s.message());
-        // Wake the reader if out_fd_ is a socket: there is no one to answer.
-        (void)shutdown(out_fd_, SHUT_RDWR);
+        replies_lost_.store(true, std::memory_order_relaxed);
       }
     }
-    for (const auto& [reply, cost] : batch) Release(cost);
+    if (!s.ok()) {
+      Log("nbd: cannot send reply: " + s.message());
+      // Wake the reader if out_fd_ is a socket: there is no one to answer.
+      (void)shutdown(out_fd_, SHUT_RDWR);
+    }
+    for (const Queued& q : batch) Release(q.cost);
   }
 }
 
@@ -385,6 +524,17 @@ void Connection::StopWriter() {
   }
   write_cv_.notify_one();
   writer_.join();
+}
+
+PayloadBuffer::PayloadBuffer(size_t size) : size_(size) {
+  if (size > 0) {
+    // Default-initialised: no zero fill of bytes the socket or device writes.
+    data_.reset(static_cast<uint8_t*>(::operator new[](size, std::align_val_t(kPayloadAlign))));
+  }
+}
+
+void PayloadBuffer::Free::operator()(uint8_t* p) const {
+  ::operator delete[](p, std::align_val_t(kPayloadAlign));
 }
 
 void OutgoingReply::AddHead(std::span<const uint8_t> bytes) {

@@ -4,20 +4,33 @@
 // accepted socket-activated socket; tests use a socketpair. Run() performs
 // the handshake (negotiation.h) and then the transmission phase:
 //
-//  - the calling thread reads requests continuously, validates each once
+//  - the calling thread (the reader) reads requests through a read-ahead
+//    buffer (one recv often brings several requests), validates each once
 //    (ValidateRequest) and answers invalid ones itself;
-//  - valid requests run on the shared WorkerPool; each encodes its reply
-//    and queues it as soon as it completes, so replies go out of order;
-//  - one writer thread per connection sends queued replies (several per
-//    writev when they pile up). Workers never block on a client's socket, so
-//    a client that stops reading stalls only its own connection, not the
-//    pool every connection shares. The queue's mutex is the connection's
-//    write mutex: replies are never interleaved;
+//  - a valid request runs on the reader itself ("inline") when nothing of
+//    this connection is running on the pool, no further request is waiting
+//    in the read-ahead buffer, it is not a FLUSH and its length is at most
+//    inline_max_bytes: no thread hand-off, which is what small requests at
+//    low queue depth cost most. Otherwise it runs on the shared WorkerPool,
+//    so pipelined requests still run in parallel. Replies go out in
+//    completion order;
+//  - whoever finishes a request sends its reply directly when the socket is
+//    free, without blocking (MSG_DONTWAIT); a reply the socket does not take
+//    whole, replies that find the socket busy, and every reply on a non-socket
+//    out_fd go to a writer thread, which sends them (several per writev) with
+//    blocking writes. So neither the pool nor the reader ever blocks on a
+//    client's socket: a client that stops reading stalls only its own
+//    connection. Only one thread writes to out_fd at a time (the `sending_`
+//    token, taken under the write mutex): replies are never interleaved;
 //  - at most max_inflight_bytes of READ/WRITE payload (and
 //    max_inflight_requests requests) are in flight per connection, counted
 //    from admission until the reply is written: the reader stops reading
 //    until earlier requests finish, which bounds the memory one client can
 //    pin (one request larger than the cap is admitted alone).
+//
+// Ordering: NBD lets replies go in any order; a FLUSH covers the writes
+// whose replies were sent before it arrived, and those completed in the
+// device before their reply, inline or not.
 //
 // Run() returns when the client disconnects (NBD_OPT_ABORT, NBD_CMD_DISC,
 // EOF), the stream breaks (bad magic, oversize option, I/O error) or
@@ -34,6 +47,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -51,16 +65,39 @@ namespace thindisk::nbd {
 struct ConnectionOptions {
   size_t max_inflight_bytes = 64u << 20;
   size_t max_inflight_requests = 128;
+  // Largest READ/WRITE/WRITE_ZEROES/TRIM/BLOCK_STATUS length the reader runs
+  // itself when the connection has nothing on the pool (0: never inline).
+  size_t inline_max_bytes = 256u << 10;
   // Receives one line per notable event (client gone, protocol violation).
   std::function<void(const std::string&)> log;
 };
 
-// An encoded reply waiting for the writer: small headers and, for READ,
-// the data buffer, in wire order, so bulk data is never copied.
+// A byte buffer for request and reply payloads: 4 KiB-aligned (so an
+// O_DIRECT device needs no bounce copy) and not zero-filled on creation
+// (every byte is overwritten by the socket or the device before use).
+class PayloadBuffer {
+ public:
+  PayloadBuffer() = default;
+  explicit PayloadBuffer(size_t size);
+  uint8_t* data() { return data_.get(); }
+  const uint8_t* data() const { return data_.get(); }
+  size_t size() const { return size_; }
+  std::span<uint8_t> span() { return {data_.get(), size_}; }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const;
+  };
+  std::unique_ptr<uint8_t, Free> data_;
+  size_t size_ = 0;
+};
+
+// An encoded reply waiting to be sent: small headers and, for READ, the
+// data buffer, in wire order, so bulk data is never copied.
 class OutgoingReply {
  public:
   void AddHead(std::span<const uint8_t> bytes);
-  void SetData(std::vector<uint8_t> data) { data_ = std::move(data); }
+  void SetData(PayloadBuffer data) { data_ = std::move(data); }
   // A slice of the SetData buffer.
   void AddData(size_t offset, size_t length);
   // Appends iovecs that point into this reply (valid while it lives).
@@ -73,7 +110,7 @@ class OutgoingReply {
     size_t length;
   };
   std::vector<uint8_t> head_;
-  std::vector<uint8_t> data_;
+  PayloadBuffer data_;
   std::vector<Piece> pieces_;
 };
 
@@ -93,6 +130,11 @@ class Connection {
   Status Negotiate();
   Status Transmit();
   Status ReadInto(std::vector<uint8_t>* buf, size_t need);
+  // Transmission-phase reads through the read-ahead buffer.
+  Status Buffer(size_t need);
+  Status TakeInto(std::span<uint8_t> out);
+  Status Drop(uint64_t length);
+  bool RunInline(const Request& r, size_t cost);
 
   // Flow control.
   size_t Cost(const Request& r) const;
@@ -101,7 +143,7 @@ class Connection {
   void WaitIdle();
 
   // Run on a worker: executes a valid request, returns its encoded reply.
-  OutgoingReply Execute(const Request& r, std::vector<uint8_t> payload);
+  OutgoingReply Execute(const Request& r, std::span<const uint8_t> payload);
   OutgoingReply ExecuteRead(const Request& r);
   OutgoingReply ExecuteBlockStatus(const Request& r);
   Status ExecuteSimple(const Request& r, std::span<const uint8_t> payload);
@@ -109,8 +151,8 @@ class Connection {
   OutgoingReply ErrorReply(const Request& r, uint32_t error,
                            std::string_view message) const;
 
-  // Reply queue and its writer thread.
-  void Enqueue(OutgoingReply reply, size_t cost);
+  // Sending: directly when the socket is free, else through the writer.
+  void Send(OutgoingReply reply, size_t cost);
   void WriterLoop();
   void StopWriter();
   void Log(const std::string& line) const;
@@ -129,14 +171,34 @@ class Connection {
   MetaContexts contexts_;
   RequestContext request_context_;
 
-  // The write mutex: guards the queue of replies waiting for the writer.
+  // Read-ahead of the transmission phase: bytes [rpos_, rend_) of rbuf_
+  // are received but not consumed. Reader thread only.
+  std::vector<uint8_t> rbuf_;
+  size_t rpos_ = 0;
+  size_t rend_ = 0;
+
+  // Requests of this connection queued or running on the pool.
+  std::atomic<size_t> on_pool_{0};
+
+  // The write mutex: guards the queue of replies waiting for the writer and
+  // the right to write to out_fd_.
   std::mutex write_mu_;
   std::condition_variable write_cv_;
-  std::deque<std::pair<OutgoingReply, size_t>>
-      replies_;               // (reply, cost), guarded by write_mu_
-  bool writer_stop_ = false;  // guarded by write_mu_
+  struct Queued {
+    OutgoingReply reply;
+    size_t cost;
+    size_t sent;  // bytes already written (a partial direct send)
+  };
+  std::deque<Queued> replies_;  // guarded by write_mu_
+  bool sending_ = false;        // someone is writing to out_fd_; guarded by write_mu_
+  bool writer_stop_ = false;    // guarded by write_mu_
+  bool write_failed_ = false;   // guarded by write_mu_
+  // Set with write_failed_: the reader stops taking requests whose replies
+  // could never be sent (a vanished client's pipelined requests would
+  // otherwise all still run, e.g. 2 GiB of reads behind 64 x 32 MiB).
+  std::atomic<bool> replies_lost_{false};
+  bool direct_ok_ = true;       // out_fd_ takes non-blocking sends; guarded by write_mu_
   std::thread writer_;
-  bool write_failed_ = false;  // writer thread only
 
   std::mutex flow_mu_;
   std::condition_variable flow_cv_;

@@ -28,10 +28,10 @@ Status WaitReadable(int fd, int cancel_fd) {
 
 }  // namespace
 
-Status ReadExact(int fd, std::span<uint8_t> buf, int cancel_fd) {
+Result<size_t> ReadAtLeast(int fd, std::span<uint8_t> buf, size_t min, int cancel_fd) {
   size_t done = 0;
   bool try_first = cancel_fd >= 0;
-  while (done < buf.size()) {
+  while (done < min) {
     if (try_first) {
       // A busy client has its next bytes queued already: take them without
       // the poll (a syscall per read on the hot path). The poll below still
@@ -66,7 +66,13 @@ Status ReadExact(int fd, std::span<uint8_t> buf, int cancel_fd) {
     }
     done += size_t(n);
   }
-  return Status::Ok();
+  return done;
+}
+
+Status ReadExact(int fd, std::span<uint8_t> buf, int cancel_fd) {
+  if (buf.empty()) return Status::Ok();
+  Result<size_t> n = ReadAtLeast(fd, buf, buf.size(), cancel_fd);
+  return n.has_value() ? Status::Ok() : n.error();
 }
 
 Status Skip(int fd, uint64_t length, int cancel_fd) {
@@ -125,6 +131,20 @@ Status WriteAllV(int fd, std::span<const iovec> iov_in) {
     }
   }
   return Status::Ok();
+}
+
+Result<size_t> TrySendV(int fd, std::span<const iovec> iov) {
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov.data());
+  msg.msg_iovlen = std::min<size_t>(iov.size(), 1024);
+  for (;;) {
+    ssize_t n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return size_t(n);
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return size_t(0);
+    if (errno == ENOTSOCK) return Status::NotSupported("not a socket");
+    return Status::FromErrno(errno, "write");
+  }
 }
 
 Status WriteAll(int fd, std::span<const uint8_t> buf) {

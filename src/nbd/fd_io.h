@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 
+#include "util/result.h"
 #include "util/status.h"
 
 namespace thindisk::nbd {
@@ -24,6 +25,11 @@ namespace thindisk::nbd {
 // readable while waiting.
 Status ReadExact(int fd, std::span<uint8_t> buf, int cancel_fd = -1);
 
+// Reads at least `min` and at most buf.size() bytes (what is already
+// queued, without waiting for more once `min` is met); returns how many.
+// Errors as ReadExact. The connection reads several requests per call.
+Result<size_t> ReadAtLeast(int fd, std::span<uint8_t> buf, size_t min, int cancel_fd = -1);
+
 // Reads and drops `length` bytes through a small buffer: skipping the
 // payload of a rejected WRITE costs no memory.
 Status Skip(int fd, uint64_t length, int cancel_fd = -1);
@@ -31,5 +37,10 @@ Status Skip(int fd, uint64_t length, int cancel_fd = -1);
 // Writes every byte of every iovec, resuming after partial writes.
 Status WriteAllV(int fd, std::span<const iovec> iov);
 Status WriteAll(int fd, std::span<const uint8_t> buf);
+
+// Sends what the socket takes now without blocking (MSG_DONTWAIT): returns
+// the bytes sent, 0 when the socket is full; kNotSupported when `fd` is not
+// a socket (a pipe: the caller falls back to blocking writes).
+Result<size_t> TrySendV(int fd, std::span<const iovec> iov);
 
 }  // namespace thindisk::nbd

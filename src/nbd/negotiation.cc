@@ -40,6 +40,13 @@ const Export* Negotiator::Find(const std::string& name) const {
 Negotiator::Step Negotiator::Handle(const Option& opt) {
   const uint32_t code = opt.code;
   if (code == kOptAbort) return {EncodeOptionReply(code, kRepAck), Next::kClose};
+  if (++options_seen_ > MaxOptions()) {
+    if (code == kOptExportName) return {{}, Next::kClose};  // it has no error reply
+    return {EncodeOptionError(
+                code, kRepErrPolicy,
+                "too many options (limit " + std::to_string(MaxOptions()) + "); closing"),
+            Next::kClose};
+  }
   if (code == kOptExportName) {
     // Cannot answer with an error: the spec says terminate the session.
     chosen_ = opt.payload_status.ok() ? Find(opt.export_name) : nullptr;

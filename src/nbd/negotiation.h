@@ -17,11 +17,17 @@
 //  - NBD_OPT_STARTTLS and every unknown option: NBD_REP_ERR_UNSUP.
 //  - While the server shuts down, every option but ABORT gets
 //    NBD_REP_ERR_SHUTDOWN.
+//  - At most MaxOptions() options per session (kMaxOptionsPerSession plus
+//    one per export, so a client can LIST and then INFO every export): the
+//    next one gets NBD_REP_ERR_POLICY and the session ends. An endless
+//    option stream would otherwise hold a connection slot (and a thread)
+//    forever without ever reaching transmission.
 //
 // Thread safety: one Negotiator per connection, used by one thread.
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -35,6 +41,10 @@ namespace thindisk::nbd {
 // within a connection.
 inline constexpr uint32_t kBaseAllocationContextId = 1;
 inline constexpr uint32_t kAllocationDepthContextId = 2;
+
+// Options a session may send before transmission, besides one per export.
+// Real clients send a handful (qemu and libnbd: under 10; nbdkit allows 32).
+inline constexpr size_t kMaxOptionsPerSession = 256;
 
 struct MetaContexts {
   bool base_allocation = false;
@@ -55,6 +65,8 @@ class Negotiator {
              const std::atomic<bool>* shutting_down);
 
   Step Handle(const Option& option);
+  // How many options this session may send (see Policy above).
+  size_t MaxOptions() const { return kMaxOptionsPerSession + exports_->size(); }
 
   // Valid after a Step with Next::kTransmission.
   const Export& chosen_export() const { return *chosen_; }
@@ -75,6 +87,7 @@ class Negotiator {
   bool structured_replies_ = false;
   MetaContexts contexts_;
   const Export* contexts_for_ = nullptr;  // the export SET_META_CONTEXT selected for
+  size_t options_seen_ = 0;
 };
 
 }  // namespace thindisk::nbd

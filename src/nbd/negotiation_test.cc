@@ -212,5 +212,35 @@ TEST_F(NegotiationTest, ShutdownRefusesOptionsButAbort) {
   EXPECT_EQ(n.Handle(Opt(kOptAbort)).next, Negotiator::Next::kClose);
 }
 
+// An endless stream of options (LIST, INFO, unknown) must not keep a
+// connection in negotiation forever: past the limit the server refuses with
+// ERR_POLICY and ends the session, while a session within it still goes on.
+TEST_F(NegotiationTest, EndlessOptionStreamIsCutOffAtTheLimit) {
+  Negotiator n = Make();
+  const size_t limit = n.MaxOptions();
+  EXPECT_EQ(limit, kMaxOptionsPerSession + exports_.size());
+  const uint32_t kinds[] = {kOptList, kOptInfo, 1000};
+  for (size_t i = 0; i < limit; ++i) {
+    const uint32_t code = kinds[i % 3];
+    auto step = n.Handle(Opt(code, code == kOptInfo ? GoData("disk") : Bytes{}));
+    ASSERT_EQ(step.next, Negotiator::Next::kContinue) << "option " << i;
+    EXPECT_NE(Replies(step.reply).back().type, kRepErrPolicy) << "option " << i;
+  }
+  auto over = n.Handle(Opt(kOptGo, GoData("disk")));
+  EXPECT_EQ(over.next, Negotiator::Next::kClose);
+  auto r = Replies(over.reply);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].type, kRepErrPolicy);
+  EXPECT_EQ(r[0].option, kOptGo);
+}
+
+TEST_F(NegotiationTest, ExportNamePastTheOptionLimitClosesWithoutReply) {
+  Negotiator n = Make();
+  for (size_t i = 0; i < n.MaxOptions(); ++i) (void)n.Handle(Opt(kOptList));
+  auto step = n.Handle(Opt(kOptExportName, {}));
+  EXPECT_EQ(step.next, Negotiator::Next::kClose);
+  EXPECT_TRUE(step.reply.empty());
+}
+
 }  // namespace
 }  // namespace thindisk::nbd

@@ -470,6 +470,47 @@ TEST_F(ServerTest, ClientThatNeverReadsRepliesStallsOnlyItself) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
+// A device that counts reads, to see how much work a connection does.
+class CountingDevice : public MemoryDevice {
+ public:
+  using MemoryDevice::MemoryDevice;
+  Status Read(uint64_t offset, std::span<uint8_t> buf) override {
+    reads_.fetch_add(1);
+    return MemoryDevice::Read(offset, buf);
+  }
+  size_t reads() const { return reads_.load(); }
+
+ private:
+  std::atomic<size_t> reads_{0};
+};
+
+// A client that pipelines many reads, never reads a reply and vanishes:
+// once its replies cannot be sent, the server must stop taking its queued
+// requests instead of running every one (up to 4 GiB of reads for nobody).
+TEST(ServerVanishedReader, RequestsOfAClientWhoseRepliesFailAreNotRun) {
+  auto disk = std::make_shared<CountingDevice>(kSize);
+  ASSERT_TRUE(disk->Write(0, Pattern(kSize, 5), {}).ok());
+  ServerOptions options;
+  options.connection.max_inflight_bytes = 2 << 20;
+  TestServer server({{"disk", "", disk, false}}, options);
+  auto c = RawClient::ConnectUnix(server.socket_path());
+  ASSERT_TRUE(c.has_value());
+  ASSERT_TRUE((*c)->Handshake("disk", /*structured=*/false).has_value());
+  constexpr int kReads = 96;
+  for (int i = 0; i < kReads; ++i)
+    ASSERT_TRUE((*c)->SendRequest(0, kCmdRead, i, 0, 1 << 20).ok());
+  // The in-flight cap holds the server at ~2 MiB of replies it cannot send.
+  for (int i = 0; i < 100 && disk->reads() < 2; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const size_t before = disk->reads();
+  EXPECT_LT(before, size_t(kReads / 2));
+  c->reset();  // gone, with its requests still queued
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_LE(disk->reads(), before + 3) << "requests kept running after the client left";
+  EXPECT_TRUE(server.Stop().ok());
+}
+
 TEST_F(ServerTest, RandomSessionsNeverHurtTheServer) {
   Start();
   std::mt19937 rng(1129);
