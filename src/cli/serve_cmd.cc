@@ -67,7 +67,8 @@ class ServeCommand final : public Subcommand {
     sub->add_option("--pid-file", pid_file_, "Write the server's pid here once listening");
     sub->add_flag("-r,--read-only", read_only_, "Export read-only");
     sub->add_option("-e,--max-connections", max_connections_,
-                    "Clients served at once (0: no limit; others wait)");
+                    "Clients served at once; others wait (default 64, which bounds memory; "
+                    "0: no limit)");
     sub->add_flag("--once", once_, "Exit after the first client disconnects");
     sub->add_option("--threads", threads_, "Worker threads (0: one per CPU)");
     sub->add_option("--cache", cache_, "Host cache mode: writeback, none (O_DIRECT), unsafe")
@@ -226,7 +227,7 @@ class ServeCommand final : public Subcommand {
   bool stdio_ = false;
   std::string pid_file_;
   bool read_only_ = false;
-  size_t max_connections_ = 0;
+  size_t max_connections_ = 64;  // docs/serve-limits.md: the memory bound
   bool once_ = false;
   size_t threads_ = 0;
   std::string cache_ = "writeback";

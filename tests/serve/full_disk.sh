@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# A full host filesystem under a running `thindisk serve`: the image lives on
+# a 64 MiB tmpfs nearly filled by a filler file. A client writes until the
+# server answers ENOSPC (the NBD error, not EIO); the server must stay up
+# (new connections, reads), the image must stay consistent (`qemu-img check`
+# on the live image, leaks allowed), and once the filler is deleted the SAME
+# server must take writes and flushes again, with every acknowledged write
+# that a flush covered reading back (crash_client.c's model). Runs with the
+# default cache, with --cache=none (O_DIRECT) plus io_uring, and on a clone.
+#
+# Needs root (mount -t tmpfs); skips otherwise unless CI is set.
+source "$(dirname "$0")/lib.sh"
+require_tool qemu-img nbdinfo mount umount fallocate
+[[ -n ${CRASH_CLIENT:-} && -x ${CRASH_CLIENT:-} ]] ||
+  skip_or_fail "crash client not built (libnbd-dev missing?)"
+
+SEED=${THINDISK_SEED:-$(((RANDOM << 30) ^ (RANDOM << 15) ^ RANDOM))}
+fail() {
+  echo "FAIL [$TEST_NAME]: $*" >&2
+  echo "reproduce with THINDISK_SEED=$SEED" >&2
+  exit 1
+}
+echo "seed: THINDISK_SEED=$SEED"
+
+MNT=$TMP/mnt
+mkdir "$MNT"
+mount -t tmpfs -o size=64m tmpfs "$MNT" 2>mount.err ||
+  skip_or_fail "cannot mount a tmpfs here: $(cat mount.err)"
+unmount_and_cleanup() {
+  local p
+  for p in "${SERVER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  for p in "${SERVER_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  umount "$MNT" 2>/dev/null || umount -l "$MNT" || true
+  cleanup
+}
+trap unmount_and_cleanup EXIT
+
+# The virtual disk: 4 GiB, written in three zones (48 MiB in all, more than
+# the free space) so L2 tables are allocated at 0, 1 GiB and 3 GiB.
+M=$((1 << 20)) G=$((1 << 30))
+ZONES="0+$((16 * M)),$((G + 5 * M))+$((16 * M)),$((3 * G))+$((16 * M))"
+EXTRA_ZONE="$((2 * G))+$((8 * M))" # written only by step 5
+ALL_ZONES="$ZONES,$EXTRA_ZONE"
+FREE=$((20 * M)) # left beside the filler
+
+avail() { df --output=avail -B1 "$MNT" | tail -1; }
+live_check() { # IMAGE: qemu-img's view of the live image, leaks allowed
+  local rc=0
+  qemu-img check -U -f qcow2 "$1" >qcheck.out 2>&1 || rc=$?
+  [[ $rc == 0 || $rc == 3 ]] || { cat qcheck.out >&2; fail "qemu-img check -U $1 exited $rc ($2)"; }
+}
+verify() { # SOCKET LOG WHEN
+  "$CRASH_CLIENT" verify "$(uri "$1")" "$2" "$SEED" "$ALL_ZONES" >verify.out 2>verify.err ||
+    { cat verify.err >&2; fail "verify $3"; }
+}
+
+# cycle NAME SERVER_OPTIONS...: one fill-fail-recover cycle on a fresh image
+# (a clone of $BACKING when that is set).
+BACKING=
+cycle() {
+  local name=$1 img=$MNT/$1.qcow2 hlog=$TMP/$1.log out rc
+  shift
+  log "$name: serve ${*:-(defaults)} on a nearly full tmpfs${BACKING:+ (a clone)}"
+  fallocate -l $(($(avail) - FREE)) "$MNT/filler"
+  if [[ -n $BACKING ]]; then
+    "$TD" create -q -b "$BACKING" -F qcow2 "$img"
+    cp base.log "$hlog" # the base's data is the clone's durable start
+  else
+    "$TD" create -q "$img" $((4 * G))
+  fi
+  serve_unix "$name" "$name.sock" "$@" "$img"
+  local pid=$SERVER_PID
+
+  # 1. Write until the disk is full: the first error must be ENOSPC (28).
+  rc=0
+  out=$("$CRASH_CLIENT" seq "$(uri "$name.sock")" "$hlog" "$SEED" "$ZONES" $((256 << 10))) || rc=$?
+  [[ $rc == 0 ]] || fail "$name: the connection died while the disk filled (client exit $rc)"
+  [[ $out == first_error=28\ * ]] ||
+    fail "$name: writes on a full disk: $out (want ENOSPC=28 first)"
+  # Random writes, write_zeroes and flushes while full (partial-cluster
+  # copy-on-write, new L2 tables): each fails with ENOSPC or succeeds.
+  rc=0
+  CRASH_CLIENT_SAME_SERVER=1 "$CRASH_CLIENT" run "$(uri "$name.sock")" "$hlog" "$SEED" \
+    "$ZONES" 300 8 2>client.err || rc=$?
+  [[ $rc == 0 || $rc == 4 ]] || fail "$name: random writes on a full disk: client exit $rc"
+  if grep -E '^F?E ' "$hlog" | grep -v ' 28$' >errors.out; then
+    fail "$name: errors other than ENOSPC on a full disk: $(head -3 errors.out)"
+  fi
+  echo "full: $out, $(grep -c '^A' "$hlog") writes acknowledged, $(grep -c '^E' "$hlog") failed"
+
+  # 2. The server is alive: a new connection, reads of everything, and a
+  # consistent image on disk.
+  kill -0 "$pid" 2>/dev/null || fail "$name: the server exited on ENOSPC: $(cat "$name.err")"
+  nbdinfo "$(uri "$TMP/$name.sock")" >info.out 2>&1 || { cat info.out >&2; fail "$name: nbdinfo"; }
+  verify "$name.sock" "$hlog" "$name: after ENOSPC"
+  live_check "$img" "after ENOSPC"
+
+  # 3. Space comes back: the same server takes random writes (and flushes),
+  # and a rewrite of every zone, then everything reads back.
+  rm -f "$MNT/filler"
+  CRASH_CLIENT_SAME_SERVER=1 "$CRASH_CLIENT" run "$(uri "$name.sock")" "$hlog" "$SEED" "$ZONES" \
+    400 8 || fail "$name: writes after freeing space (client exit $?)"
+  out=$(CRASH_CLIENT_SAME_SERVER=1 "$CRASH_CLIENT" seq "$(uri "$name.sock")" "$hlog" "$SEED" \
+    "$ZONES" $((1 << 20)))
+  expect_eq "$name: rewriting every zone after freeing space" "$out" "first_error=0 flush=0"
+  verify "$name.sock" "$hlog" "$name: after freeing space"
+  live_check "$img" "after freeing space"
+
+  # 4. A clean stop, then the image on its own.
+  stop_server "$pid" "$name"
+  rc=0
+  "$TD" check "$img" >tcheck.out 2>&1 || rc=$?
+  [[ $rc == 0 || $rc == 3 ]] || { cat tcheck.out >&2; fail "$name: thindisk check exited $rc"; }
+  live_check "$img" "after stopping"
+  serve_unix "$name-ro" "$name-ro.sock" -r "$img"
+  verify "$name-ro.sock" "$hlog" "$name: after a restart"
+  stop_server "$SERVER_PID" "$name-ro"
+
+  # 5. Stopping while full: the final flush fails, the server says so and
+  # exits anyway; the image stays consistent and what was flushed before
+  # still reads back.
+  serve_unix "$name-stop" "$name-stop.sock" "$@" "$img"
+  pid=$SERVER_PID
+  fallocate -l $(($(avail) - 4 * M)) "$MNT/filler"
+  out=$("$CRASH_CLIENT" seq "$(uri "$name-stop.sock")" "$hlog" "$SEED" "$EXTRA_ZONE" $((256 << 10)))
+  [[ $out == first_error=28\ * ]] || fail "$name: filling the disk again: $out"
+  kill -TERM "$pid"
+  local i
+  for ((i = 0; i < 600; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  kill -0 "$pid" 2>/dev/null && fail "$name: no exit within 30s of SIGTERM on a full disk"
+  rc=0
+  wait "$pid" || rc=$?
+  [[ $rc == 0 ]] || grep -q "No space left" "$name-stop.err" ||
+    fail "$name: exited $rc on a full disk without saying why: $(cat "$name-stop.err")"
+  live_check "$img" "after stopping on a full disk"
+  rm -f "$MNT/filler"
+  serve_unix "$name-ro2" "$name-ro2.sock" -r "$img"
+  verify "$name-ro2.sock" "$hlog" "$name: after stopping on a full disk"
+  stop_server "$SERVER_PID" "$name-ro2"
+  rm -f "$img"
+}
+
+cycle default
+cycle direct --cache=none --aio=io_uring
+# A clone whose base (outside the full filesystem) holds data in the first
+# 4 MiB of each zone: partial writes copy from it while the disk is full.
+"$TD" create -q base.qcow2 $((4 * G))
+serve_unix base base.sock base.qcow2
+BASE_ZONES="0+$((4 * M)),$((G + 5 * M))+$((4 * M)),$((3 * G))+$((4 * M))"
+out=$("$CRASH_CLIENT" seq "$(uri base.sock)" base.log "$SEED" "$BASE_ZONES" $((1 << 20)))
+expect_eq "filling the base" "$out" "first_error=0 flush=0"
+stop_server "$SERVER_PID" base
+BACKING=$TMP/base.qcow2
+cycle clone
+log "full_disk: ok (seed $SEED)"
