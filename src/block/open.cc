@@ -7,10 +7,13 @@
 #include <utility>
 #include <vector>
 
+#include "block/read_only_image.h"
 #include "qcow2/format.h"
 #include "qcow2/image.h"
 #include "raw/raw_image.h"
 #include "util/endian.h"
+#include "vhd/vhd_image.h"
+#include "vmdk/vmdk_image.h"
 
 namespace thindisk::block {
 
@@ -30,6 +33,12 @@ Result<std::string> ProbeStorage(io::Storage& storage) {
   // A file shorter than 4 bytes reads as zeros past its end: raw.
   TD_RETURN_IF_ERROR(storage.ReadAt(0, magic));
   if (LoadBe32(magic.data()) == qcow2::kMagic) return std::string("qcow2");
+  // Import formats, by their magic (see vmdk::Probe and vhd::Probe for the
+  // text-descriptor rule and why a fixed vhd probes as raw).
+  TD_ASSIGN_OR_RETURN(bool vmdk, vmdk::Probe(storage));
+  if (vmdk) return std::string("vmdk");
+  TD_ASSIGN_OR_RETURN(bool vpc, vhd::Probe(storage));
+  if (vpc) return std::string("vpc");
   return std::string("raw");
 }
 
@@ -37,6 +46,36 @@ std::string LoopMessage(const Chain& chain, const std::string& again) {
   std::string m = "backing file loop: ";
   for (const ChainLink& link : chain) m += link.name + " -> ";
   return m + again;
+}
+
+// vmdk and vpc images are read, never written: a write open is refused
+// before the driver runs. A vmdk descriptor's extent files are opened
+// read-only, relative to the descriptor's directory.
+Result<std::unique_ptr<Device>> OpenImport(std::unique_ptr<io::Storage> storage,
+                                           const std::string& filename, const std::string& format,
+                                           bool read_only, const OpenOptions& options) {
+  if (!read_only) {
+    return Status::NotSupported(filename + ": " + ReadOnlyFormatMessage(format));
+  }
+  if (format == "vpc") {
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<vhd::VhdImage> image,
+                        vhd::VhdImage::Open(std::move(storage), filename));
+    return std::unique_ptr<Device>(std::move(image));
+  }
+  auto open_extent = [&filename, &options](const std::string& name) -> Result<vmdk::OpenedExtent> {
+    vmdk::OpenedExtent extent;
+    extent.path = ResolveBackingName(filename, name);
+    io::OpenOptions io_options;
+    io_options.read_only = true;
+    io_options.cache = options.cache;
+    TD_ASSIGN_OR_RETURN(extent.storage, options.open_file
+                                            ? options.open_file(extent.path, io_options)
+                                            : io::OpenFile(extent.path, io_options));
+    return extent;
+  };
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<vmdk::VmdkImage> image,
+                      vmdk::VmdkImage::Open(std::move(storage), filename, open_extent));
+  return std::unique_ptr<Device>(std::move(image));
 }
 
 Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::string format,
@@ -71,6 +110,9 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
 
   // 3. Hand it to the driver.
   if (format == "raw") return raw::OpenRaw(std::move(storage), read_only, filename);
+  if (format == "vmdk" || format == "vpc") {
+    return OpenImport(std::move(storage), filename, format, read_only, options);
+  }
   if (format != "qcow2") {
     return Status::NotSupported(filename + ": unknown or unsupported format '" + format + "'");
   }

@@ -27,6 +27,14 @@ int RunThindisk(int argc, const char* const* argv) {
   commands.push_back(NewCompareCommand());
   commands.push_back(NewIoCommand());
   commands.push_back(NewServeCommand());
+  commands.push_back(NewBenchCommand());
+  commands.push_back(NewCommitCommand());
+  commands.push_back(NewRebaseCommand());
+  commands.push_back(NewAmendCommand());
+  commands.push_back(NewSnapshotCommand());
+  commands.push_back(NewResizeCommand());
+  commands.push_back(NewMeasureCommand());
+  commands.push_back(NewCompactCommand());
   std::vector<CLI::App*> subs;
   for (auto& c : commands) subs.push_back(c->Register(app));
 

@@ -103,6 +103,14 @@ std::unique_ptr<Subcommand> NewConvertCommand();
 std::unique_ptr<Subcommand> NewCompareCommand();
 std::unique_ptr<Subcommand> NewIoCommand();
 std::unique_ptr<Subcommand> NewServeCommand();
+std::unique_ptr<Subcommand> NewBenchCommand();
+std::unique_ptr<Subcommand> NewCommitCommand();
+std::unique_ptr<Subcommand> NewRebaseCommand();
+std::unique_ptr<Subcommand> NewAmendCommand();
+std::unique_ptr<Subcommand> NewSnapshotCommand();
+std::unique_ptr<Subcommand> NewResizeCommand();
+std::unique_ptr<Subcommand> NewMeasureCommand();
+std::unique_ptr<Subcommand> NewCompactCommand();
 
 // Builds the whole `thindisk` app and runs it on argv; returns the exit code.
 // Used by main() and by tests.

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "block/open.h"
+#include "vhd/vhd_image.h"
 
 namespace thindisk::cli {
 
@@ -31,6 +32,24 @@ Result<std::vector<qcow2::Snapshot>> ReadSnapshots(io::Storage& storage, const q
   return qcow2::DecodeSnapshotTable(bytes, h.nb_snapshots, h.cluster_bits);
 }
 
+// vmdk and vpc have no header decoder of their own here: their drivers
+// read them (read-only, as always).
+Result<ImageSummary> ReadImportSummary(ImageSummary s) {
+  block::OpenOptions options;
+  options.format = s.format;
+  options.read_only = true;
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> dev, block::Open(s.filename, options));
+  s.virtual_size = dev->size();
+  s.cluster_size = dev->info().cluster_size;
+  if (auto* image = dynamic_cast<vmdk::VmdkImage*>(dev.get())) {
+    s.vmdk = image->description();
+    TD_ASSIGN_OR_RETURN(s.actual_size, image->AllocatedBytes());  // descriptor + extent
+  } else if (auto* vpc = dynamic_cast<vhd::VhdImage*>(dev.get())) {
+    TD_ASSIGN_OR_RETURN(s.actual_size, vpc->storage().AllocatedBytes());
+  }
+  return s;
+}
+
 }  // namespace
 
 Result<qcow2::Header> ReadQcow2Header(io::Storage& storage) {
@@ -47,6 +66,7 @@ Result<ImageSummary> ReadImageSummary(const std::string& filename, const std::st
   if (s.format.empty()) {
     TD_ASSIGN_OR_RETURN(s.format, block::ProbeFormat(filename));
   }
+  if (s.format == "vmdk" || s.format == "vpc") return ReadImportSummary(std::move(s));
   if (s.format != "raw" && s.format != "qcow2") {
     return Status::NotSupported(filename + ": unknown or unsupported format '" + s.format + "'");
   }

@@ -12,6 +12,7 @@
 #include "io/storage.h"
 #include "qcow2/format.h"
 #include "util/result.h"
+#include "vmdk/vmdk_image.h"
 
 namespace thindisk::cli {
 
@@ -26,6 +27,10 @@ struct ImageSummary {
   std::string backing_filename;
   std::string full_backing_filename;
   std::vector<qcow2::Snapshot> snapshots;  // qcow2 internal snapshots
+  // vmdk and vpc (read through their drivers): the grain / block size (0
+  // when there is none) and, for vmdk, what qemu-img reports of it.
+  uint32_t cluster_size = 0;
+  std::optional<vmdk::Description> vmdk;
 };
 
 // Decodes the qcow2 header at the start of `storage`.

@@ -70,6 +70,40 @@ void PrintSnapshots(const std::vector<qcow2::Snapshot>& snapshots) {
   }
 }
 
+// qemu-img's format-specific block for a vmdk.
+Json VmdkJson(const vmdk::Description& d) {
+  Json extents = Json::array();
+  for (const vmdk::ExtentDescription& e : d.extents) {
+    Json x;
+    if (e.compressed) x["compressed"] = true;
+    x["virtual-size"] = e.virtual_size;
+    x["filename"] = e.filename;
+    if (e.cluster_size) x["cluster-size"] = e.cluster_size;
+    x["format"] = e.format;
+    extents.push_back(x);
+  }
+  Json data{{"cid", d.cid}, {"parent-cid", d.parent_cid}, {"create-type", d.create_type},
+            {"extents", extents}};
+  return Json{{"type", "vmdk"}, {"data", data}};
+}
+
+void PrintVmdkHuman(const vmdk::Description& d) {
+  std::cout << "Format specific information:\n"
+            << "    cid: " << d.cid << "\n"
+            << "    parent cid: " << d.parent_cid << "\n"
+            << "    create type: " << d.create_type << "\n"
+            << "    extents:\n";
+  for (size_t i = 0; i < d.extents.size(); ++i) {
+    const vmdk::ExtentDescription& e = d.extents[i];
+    std::cout << "        [" << i << "]:\n";
+    if (e.compressed) std::cout << "            compressed: true\n";
+    std::cout << "            virtual size: " << e.virtual_size << "\n"
+              << "            filename: " << e.filename << "\n";
+    if (e.cluster_size) std::cout << "            cluster size: " << e.cluster_size << "\n";
+    std::cout << "            format: " << e.format << "\n";
+  }
+}
+
 Json ToJson(const ImageSummary& s) {
   Json j;
   if (!s.snapshots.empty()) {
@@ -80,6 +114,7 @@ Json ToJson(const ImageSummary& s) {
   j["virtual-size"] = s.virtual_size;
   j["filename"] = s.filename;
   if (s.header) j["cluster-size"] = s.header->cluster_size();
+  if (!s.header && s.cluster_size) j["cluster-size"] = s.cluster_size;  // vmdk, vpc
   j["format"] = s.format;
   j["actual-size"] = s.actual_size;
   if (s.header) {
@@ -101,6 +136,7 @@ Json ToJson(const ImageSummary& s) {
       if (!h.backing_format.empty()) j["backing-filename-format"] = h.backing_format;
     }
   }
+  if (s.vmdk) j["format-specific"] = VmdkJson(*s.vmdk);
   j["dirty-flag"] = s.header && (s.header->incompatible_features & qcow2::kIncompatDirty) != 0;
   return j;
 }
@@ -111,7 +147,11 @@ void PrintHuman(const ImageSummary& s) {
             << "virtual size: " << HumanSize(s.virtual_size) << " (" << s.virtual_size
             << " bytes)\n"
             << "disk size: " << HumanSize(s.actual_size) << "\n";
-  if (!s.header) return;
+  if (!s.header) {
+    if (s.cluster_size) std::cout << "cluster_size: " << s.cluster_size << "\n";  // vmdk, vpc
+    if (s.vmdk) PrintVmdkHuman(*s.vmdk);
+    return;
+  }
   const qcow2::Header& h = *s.header;
   std::cout << "cluster_size: " << h.cluster_size() << "\n";
   if (h.incompatible_features & qcow2::kIncompatDirty) std::cout << "cleanly shut down: no\n";

@@ -57,6 +57,16 @@ class Image : public block::Device {
   // stores it plainly. Used by convert -c.
   virtual Status WriteCompressed(uint64_t offset, std::span<const uint8_t> data) = 0;
 
+  // Makes [offset, offset + length) unallocated in this image, so reads fall
+  // through to the backing file (zeros without one); unlike Discard, which
+  // makes a clone's range read as zeros. offset and length are multiples of
+  // the subcluster size (length may end at the end of the image), else
+  // kInvalidArgument. Host space this image owns is punched only after the
+  // new mappings are durable (the call flushes), so a crash at any point
+  // leaves each range reading as before or as the backing file: commit
+  // empties an overlay this way once its backing file holds the same data.
+  virtual Status Deallocate(uint64_t offset, uint64_t length) = 0;
+
  protected:
   Image() = default;
 };

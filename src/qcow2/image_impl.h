@@ -68,8 +68,13 @@ class ImageImpl final : public Image {
   io::Storage& storage() override { return *storage_; }
   block::Device* backing() override { return backing_.get(); }
   Status WriteCompressed(uint64_t offset, std::span<const uint8_t> data) override;
+  Status Deallocate(uint64_t offset, uint64_t length) override;  // image_deallocate.cc
 
  private:
+  // Internal snapshots (snapshot.cc) rewrite the L1 table, refcounts and
+  // header with the engine's own caches and ordered flush.
+  friend class SnapshotEditor;
+
   // ---- geometry ----
   uint64_t cs() const { return cluster_size_; }
   uint64_t scs() const { return subcluster_size_; }
@@ -106,11 +111,24 @@ class ImageImpl final : public Image {
                       uint64_t in_off, uint64_t len, const uint8_t* src,
                       std::vector<uint8_t>* out);
   bool BackingCovers(uint64_t gc) const;
+  // Whether the bytes of subcluster `sub` that a partial write leaves
+  // uncovered may stay unwritten: the subcluster reads as zeros (zero flag,
+  // or unallocated with no backing data under it) and so do its host bytes
+  // (`host_zero`: fresh space, or past the end of the file).
+  bool FillNeedless(uint64_t gc, const L2Mapping& m, uint32_t sub, bool host_zero) const;
 
   // ---- zeroes / discard (image_zero.cc) ----
   Status ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool fast_only, bool discard);
   Status ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bool unmap, bool discard);
   uint64_t ClusterBytes(uint64_t gc) const;  // cs, or less for the image's last cluster
+
+  // ---- shrink (image_resize.cc) ----
+  // First byte and end of the data this layer holds in [from, to); both 0
+  // when none. Allocated clusters count as data; in the partly kept cluster
+  // only non-zero bytes do.
+  Status FindDataPast(uint64_t from, uint64_t to, uint64_t* first, uint64_t* end);
+  Status DropMappingsPastLocked(uint64_t new_size, uint64_t old_size);  // REQUIRES mu_
+  Status TruncateUnusedTail();  // REQUIRES flush_mu_
 
   // ---- flush (image_flush.cc) ----
   Status FlushMetadataLocked();  // stages 1-4; REQUIRES mu_

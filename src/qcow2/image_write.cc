@@ -83,9 +83,20 @@ Status ImageImpl::WriteInPlace(uint64_t gc, const L2Mapping& m, uint64_t in_off,
   uint32_t last = uint32_t((end - 1) / scs());
   if (extended_) {
     // A subcluster that held no data gets its uncovered head and tail
-    // filled (zeros or backing data) before it is marked allocated.
-    if (StateOf(m, first) != SubState::kData) start = first * scs();
-    if (StateOf(m, last) != SubState::kData) end = std::min<uint64_t>((last + 1) * scs(), cs());
+    // filled (zeros or backing data) before it is marked allocated, unless
+    // its host bytes lie past the end of the file and zeros are what it
+    // must read as: then they already do (a dd-style run of 1 KiB writes
+    // costs 1 KiB each, not a 4 KiB fill per subcluster).
+    auto past_eof = [&](uint32_t sub) {
+      Result<uint64_t> size = storage_->Size();
+      return size.has_value() && *size <= m.host_offset + uint64_t(sub) * scs();
+    };
+    if (StateOf(m, first) != SubState::kData && !FillNeedless(gc, m, first, past_eof(first))) {
+      start = first * scs();
+    }
+    if (StateOf(m, last) != SubState::kData && !FillNeedless(gc, m, last, past_eof(last))) {
+      end = std::min<uint64_t>((last + 1) * scs(), cs());
+    }
   }
   if (src && start == in_off && end == in_off + len) {
     storage_->Announce(io::Event::kDataWrite);
@@ -105,6 +116,12 @@ Status ImageImpl::WriteInPlace(uint64_t gc, const L2Mapping& m, uint64_t in_off,
   n.zero_bitmap &= ~mask;
   std::lock_guard lock(mu_);
   return SetMappingLocked(gc, n);
+}
+
+bool ImageImpl::FillNeedless(uint64_t gc, const L2Mapping& m, uint32_t sub, bool host_zero) const {
+  if (!host_zero) return false;
+  SubState state = StateOf(m, sub);
+  return state == SubState::kZero || (state == SubState::kUnallocated && !BackingCovers(gc));
 }
 
 Status ImageImpl::WriteAllocating(uint64_t gc, const L2Mapping& m, uint64_t in_off, uint64_t len,
@@ -127,8 +144,11 @@ Status ImageImpl::WriteAllocating(uint64_t gc, const L2Mapping& m, uint64_t in_o
     uint32_t first = uint32_t(in_off / scs());
     uint32_t last = uint32_t((in_off + len - 1) / scs());
     uint32_t mask = SubMask(first, last);
-    start = first * scs();
-    end = std::min<uint64_t>((last + 1) * scs(), cs());
+    // Fresh host space reads as zeros: where the touched subclusters must
+    // too, only the new bytes are written.
+    start = FillNeedless(gc, m, first, a.fresh) ? in_off : first * scs();
+    end = FillNeedless(gc, m, last, a.fresh) ? in_off + len
+                                             : std::min<uint64_t>((last + 1) * scs(), cs());
     n.alloc_bitmap = mask;
     uint32_t old_zero = m.kind == ClusterKind::kZero ? AllSubclusters() : m.zero_bitmap;
     n.zero_bitmap = old_zero & ~mask;

@@ -240,6 +240,42 @@ TEST(ImageBackingTest, BackingFileWithoutOpenerFails) {
   EXPECT_FALSE(img.has_value());
 }
 
+// A dd-style run of 1 KiB first writes (bs=1k) into fresh subclusters: each
+// costs its 1 KiB, not a fill of the rest of its 4 KiB subcluster, because
+// fresh host space past the end of the file already reads as zeros. What
+// the writes did not cover still reads as zeros, and a clone still gets its
+// backing data around the new bytes.
+TEST(FirstWrites, DdStyleKibWritesAreNotZeroFilled) {
+  auto m = CreateMem(Opts(128 << 10, true));
+  const uint64_t kRun = 300 << 10;  // across three clusters, ends mid-subcluster
+  auto data = Pattern(5, kRun);
+  uint64_t before = m.storage->bytes_written();
+  for (uint64_t off = 0; off < kRun; off += 1024) {
+    ASSERT_TRUE(m.image->Write(off, std::span(data).subspan(off, 1024)).ok());
+  }
+  // Metadata waits for the flush: everything so far is data.
+  EXPECT_EQ(m.storage->bytes_written() - before, kRun);
+  ASSERT_TRUE(m.image->Flush().ok());
+  EXPECT_EQ(ReadAll(*m.image, 0, kRun), data);
+  EXPECT_EQ(ReadAll(*m.image, kRun, 512 << 10), Zeros(512 << 10));
+  auto r = Reopen(m);
+  EXPECT_EQ(ReadAll(*r.image, 0, kRun), data);
+  EXPECT_EQ(ReadAll(*r.image, kRun, 512 << 10), Zeros(512 << 10));
+}
+
+TEST(FirstWrites, SmallWritesIntoACloneKeepBackingDataAround) {
+  const uint64_t size = 4 << 20;
+  auto base = Pattern(9, size);
+  auto m = CloneOf(base, Opts(128 << 10, true, 3, size));
+  auto data = Pattern(6, 1024);
+  for (uint64_t off : {uint64_t(0), uint64_t(1024), uint64_t(6144), uint64_t(200 << 10)}) {
+    ASSERT_TRUE(m.image->Write(off, data).ok());
+    std::copy(data.begin(), data.end(), base.begin() + off);
+  }
+  ASSERT_TRUE(m.image->Flush().ok());
+  EXPECT_EQ(ReadAll(*m.image, 0, size), base);
+}
+
 }  // namespace
 }  // namespace thindisk::qcow2
 

@@ -133,13 +133,14 @@ qcow2_opts() {
   echo "$o"
 }
 
-# assert_info_agrees IMAGE: `qemu-img info` and `thindisk info` (JSON) must
-# give the same value for every field both report (leaf by leaf).
+# assert_info_agrees IMAGE [OPTION...]: `qemu-img info` and `thindisk info`
+# (JSON, both given the same OPTIONs, e.g. -f vpc) must give the same value
+# for every field both report (leaf by leaf).
 assert_info_agrees() {
   local img=$1
-  ok "$QEMU_IMG" info --output=json "$img"
+  ok "$QEMU_IMG" info "${@:2}" --output=json "$img"
   cp "$OUT" "$TMP/.qemu-info.json"
-  td info --output=json "$img"
+  td info "${@:2}" --output=json "$img"
   cp "$OUT" "$TMP/.td-info.json"
   local diffs common
   diffs=$(jq -n -c --slurpfile q "$TMP/.qemu-info.json" --slurpfile t "$TMP/.td-info.json" '

@@ -1,0 +1,254 @@
+#include "bench/in_process.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <utility>
+
+#include "bench/bench_image.h"
+#include "bench/proc_stats.h"
+
+namespace thindisk::bench {
+namespace {
+
+constexpr uint32_t kSmallBlock = 4096;
+constexpr uint32_t kLargeBlock = 1 << 20;
+constexpr uint64_t kMaxCompressCorpus = 256ull << 20;
+
+// One open image with its counters, closed (flushed) on Close.
+struct Bench {
+  std::shared_ptr<HostCounters> counters = std::make_shared<HostCounters>();
+  std::unique_ptr<block::Device> device;
+  std::string path;
+};
+
+class InProcessRun {
+ public:
+  InProcessRun(const InProcessOptions& o, ScratchDir& dir) : o_(o), dir_(dir) {}
+
+  Status Run(Report& report) {
+    auto wants = [&](Workload w) {
+      return std::find(o_.workloads.begin(), o_.workloads.end(), w) != o_.workloads.end();
+    };
+    if (wants(Workload::kW1SeqRead)) TD_RETURN_IF_ERROR(W1(report));
+    if (wants(Workload::kW2FirstWrite) || wants(Workload::kW3Rewrite)) {
+      TD_RETURN_IF_ERROR(W2W3(report, wants(Workload::kW2FirstWrite), wants(Workload::kW3Rewrite)));
+    }
+    if (wants(Workload::kW4SeqWrite)) TD_RETURN_IF_ERROR(W4(report));
+    if (wants(Workload::kW5CloneWrite)) TD_RETURN_IF_ERROR(W5(report));
+    if (wants(Workload::kW6Compress)) TD_RETURN_IF_ERROR(W6(report));
+    return Status::Ok();
+  }
+
+ private:
+  Result<Bench> Fresh(const std::string& name, qcow2::CreateOptions layout) {
+    layout.size = VirtualSizeFor(o_.size);
+    Bench b;
+    b.path = dir_.File(name);
+    TD_RETURN_IF_ERROR(CreateQcow2(b.path, layout));
+    TD_ASSIGN_OR_RETURN(b.device, OpenCounted(b.path, b.counters));
+    return b;
+  }
+
+  ProgressFn Progress(const std::string& label) {
+    if (!o_.progress) return nullptr;
+    return [this, label](uint64_t done, uint64_t total) { o_.progress(label, done, total); };
+  }
+
+  static OpFn Writer(block::Device& d) {
+    return [&d](const Op& op, std::span<uint8_t> buf) { return d.Write(op.offset, buf); };
+  }
+  static OpFn Reader(block::Device& d) {
+    return [&d](const Op& op, std::span<uint8_t> buf) { return d.Read(op.offset, buf); };
+  }
+  static std::function<Status()> Flusher(block::Device& d) {
+    return [&d] { return d.Flush(); };
+  }
+
+  // Runs one phase on `b` and fills in every figure it can: speed and
+  // latency, host bytes and CPU charged to it, and (for writes) space
+  // amplification over `footprint` distinct guest bytes.
+  Result<WorkloadResult> Measure(Workload w, const std::string& variant, uint32_t qd, Bench& b,
+                                 const std::vector<Op>& ops, const OpFn& fn, bool writes,
+                                 uint64_t footprint, PhaseRun* run_out = nullptr) {
+    uint64_t host0 = b.counters->bytes_written.load();
+    ProcessCost cpu0 = SelfCost();
+    TD_ASSIGN_OR_RETURN(PhaseRun run,
+                        RunThreaded(ops, qd, o_.seed, o_.limits,
+                                    Progress(std::string(WorkloadId(w)) + " " + variant), fn,
+                                    writes ? Flusher(*b.device) : nullptr));
+    ProcessCost cpu1 = SelfCost();
+    WorkloadResult r;
+    r.id = std::string(WorkloadId(w));
+    r.title = std::string(WorkloadTitle(w));
+    r.variant = variant;
+    r.qd = qd;
+    r.figures = run.Figures();
+    r.flush_seconds = run.finish_seconds;
+    if (run.executed > 0) {
+      r.cpu_us_per_op = (cpu1.cpu_seconds - cpu0.cpu_seconds) * 1e6 / double(run.executed);
+      r.cpu_source = "self";
+    }
+    TD_ASSIGN_OR_RETURN(uint64_t allocated, AllocatedFileBytes(b.path));
+    r.allocated_bytes = allocated;
+    if (writes && run.bytes > 0) {
+      uint64_t host = b.counters->bytes_written.load() - host0;
+      r.host_bytes_written = host;
+      r.write_amplification = double(host) / double(run.bytes);
+      uint64_t guest = footprint ? std::min(footprint, run.bytes) : run.bytes;
+      r.space_amplification = double(allocated) / double(guest);
+    }
+    if (run_out) *run_out = std::move(run);
+    return r;
+  }
+
+  Status W1(Report& report) {
+    TD_ASSIGN_OR_RETURN(Bench b, Fresh("w1.qcow2", o_.layout));
+    std::vector<Op> ops = SequentialOps(0, o_.size, kLargeBlock);
+    TD_ASSIGN_OR_RETURN(WorkloadResult r, Measure(Workload::kW1SeqRead, "qd" + std::to_string(o_.qd),
+                                                  o_.qd, b, ops, Reader(*b.device), false, 0));
+    report.results.push_back(std::move(r));
+    return Close(b);
+  }
+
+  Status W2W3(Report& report, bool w2, bool w3) {
+    std::vector<Op> ops = RandomOps(o_.size, kSmallBlock, o_.seed);
+    if (w2 && o_.qd > 1) {
+      TD_ASSIGN_OR_RETURN(Bench b, Fresh("w2-qd1.qcow2", o_.layout));
+      TD_ASSIGN_OR_RETURN(WorkloadResult r,
+                          Measure(Workload::kW2FirstWrite, "qd1", 1, b, ops, Writer(*b.device), true, 0));
+      report.results.push_back(std::move(r));
+      TD_RETURN_IF_ERROR(Close(b));
+    }
+    TD_ASSIGN_OR_RETURN(Bench b, Fresh("w2.qcow2", o_.layout));
+    std::string variant = "qd" + std::to_string(o_.qd);
+    PhaseRun first;
+    TD_ASSIGN_OR_RETURN(WorkloadResult r, Measure(Workload::kW2FirstWrite, variant, o_.qd, b, ops,
+                                                  Writer(*b.device), true, 0, &first));
+    if (w2) report.results.push_back(std::move(r));
+    if (w3) {
+      // Exactly the writes W2 made, so every one lands on allocated space.
+      std::vector<Op> again(ops.begin(), ops.begin() + ptrdiff_t(first.executed));
+      TD_ASSIGN_OR_RETURN(WorkloadResult r3, Measure(Workload::kW3Rewrite, variant, o_.qd, b, again,
+                                                     Writer(*b.device), true, first.bytes));
+      report.results.push_back(std::move(r3));
+    }
+    return Close(b);
+  }
+
+  Status W4(Report& report) {
+    TD_ASSIGN_OR_RETURN(Bench b, Fresh("w4.qcow2", o_.layout));
+    std::vector<Op> ops = SequentialOps(0, o_.size, kLargeBlock);
+    TD_ASSIGN_OR_RETURN(WorkloadResult r, Measure(Workload::kW4SeqWrite, "qd" + std::to_string(o_.qd),
+                                                  o_.qd, b, ops, Writer(*b.device), true, 0));
+    report.results.push_back(std::move(r));
+    return Close(b);
+  }
+
+  Status W5(Report& report) {
+    // The base is set-up, not measured: written in full, then closed.
+    {
+      TD_ASSIGN_OR_RETURN(Bench base, Fresh("w5-base.qcow2", o_.layout));
+      RunLimits unlimited;
+      TD_ASSIGN_OR_RETURN(PhaseRun fill, RunThreaded(SequentialOps(0, o_.size, kLargeBlock), o_.qd,
+                                                     o_.seed + 5, unlimited, Progress("W5 base"),
+                                                     Writer(*base.device), Flusher(*base.device)));
+      (void)fill;
+      TD_RETURN_IF_ERROR(Close(base, /*remove=*/false));
+    }
+    qcow2::CreateOptions overlay = o_.layout;
+    overlay.backing_file = "w5-base.qcow2";  // relative to the overlay's directory
+    overlay.backing_format = "qcow2";
+    TD_ASSIGN_OR_RETURN(Bench b, Fresh("w5-overlay.qcow2", overlay));
+    std::vector<Op> ops = RandomOps(o_.size, kSmallBlock, o_.seed + 5);
+    TD_ASSIGN_OR_RETURN(WorkloadResult r, Measure(Workload::kW5CloneWrite, "qd" + std::to_string(o_.qd),
+                                                  o_.qd, b, ops, Writer(*b.device), true, 0));
+    report.results.push_back(std::move(r));
+    TD_RETURN_IF_ERROR(Close(b));
+    if (!o_.keep_images) {
+      std::error_code ec;  // best effort, as in Close
+      std::filesystem::remove(dir_.File("w5-base.qcow2"), ec);
+    }
+    return Status::Ok();
+  }
+
+  Status W6(Report& report) {
+    const uint32_t cluster = o_.layout.cluster_size;
+    uint64_t bytes = std::min(o_.size, kMaxCompressCorpus);
+    bytes = std::max<uint64_t>(bytes - bytes % cluster, cluster);
+    for (bool text : {true, false}) {
+      std::vector<uint8_t> corpus;
+      if (text) {
+        corpus = TextCorpus(o_.seed, bytes);
+      } else {
+        corpus.resize(bytes);
+        FillRandom(o_.seed + 6, corpus);
+      }
+      for (qcow2::CompressionType type : {qcow2::CompressionType::kZlib, qcow2::CompressionType::kZstd}) {
+        bool zlib = type == qcow2::CompressionType::kZlib;
+        std::string variant = std::string(zlib ? "zlib " : "zstd ") + (text ? "text" : "random");
+        qcow2::CreateOptions layout = o_.layout;
+        layout.compression_type = type;
+        TD_ASSIGN_OR_RETURN(Bench b, Fresh("w6-" + variant.substr(0, 4) + (text ? "-text" : "-random") + ".qcow2", layout));
+        auto* image = dynamic_cast<qcow2::Image*>(b.device.get());
+        if (image == nullptr) return Status::Internal("W6: block::Open did not return a qcow2 image");
+        TD_ASSIGN_OR_RETURN(uint64_t size0, AllocatedFileBytes(b.path));
+        OpFn fn = [image, &corpus](const Op& op, std::span<uint8_t>) {
+          return image->WriteCompressed(op.offset, std::span<const uint8_t>(corpus.data() + op.offset, op.length));
+        };
+        TD_ASSIGN_OR_RETURN(WorkloadResult r, Measure(Workload::kW6Compress, variant, o_.qd, b,
+                                                      SequentialOps(0, bytes, cluster), fn, true, 0));
+        TD_ASSIGN_OR_RETURN(uint64_t size1, AllocatedFileBytes(b.path));
+        // Output is what the data costs on the host (allocated bytes), not
+        // the file's length, which may include holes.
+        if (r.figures.bytes > 0 && size1 >= size0) {
+          r.output_bytes = size1 - size0;
+          r.output_ratio = double(size1 - size0) / double(r.figures.bytes);
+        }
+        report.results.push_back(std::move(r));
+        TD_RETURN_IF_ERROR(Close(b));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Closes (flushes) the image and, unless kept, removes its file.
+  Status Close(Bench& b, bool remove = true) {
+    Status s = b.device->Close();
+    b.device.reset();
+    if (remove && !o_.keep_images) {
+      std::error_code ec;  // space is what matters; a leftover is removed with the directory
+      std::filesystem::remove(b.path, ec);
+    }
+    return s;
+  }
+
+  const InProcessOptions& o_;
+  ScratchDir& dir_;
+};
+
+}  // namespace
+
+uint64_t VirtualSizeFor(uint64_t size) {
+  constexpr uint64_t kDesignSize = 4ull << 30;
+  constexpr uint64_t kAlign = 2ull << 20;  // any allowed cluster size divides it
+  uint64_t v = std::max(size, kDesignSize);
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
+
+Result<Report> RunInProcess(const InProcessOptions& options) {
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<ScratchDir> dir, ScratchDir::Create(options.dir));
+  dir->set_keep(options.keep_images);
+  Report report;
+  report.size = options.size;
+  report.qd = options.qd;
+  report.seed = options.seed;
+  report.has_layout = true;
+  report.cluster_size = options.layout.cluster_size;
+  report.extended_l2 = options.layout.extended_l2;
+  InProcessRun run(options, *dir);
+  TD_RETURN_IF_ERROR(run.Run(report));
+  return report;
+}
+
+}  // namespace thindisk::bench

@@ -1,0 +1,81 @@
+#include "cli/chain_ops.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "block/open.h"
+
+namespace thindisk::cli {
+
+Result<size_t> FindLayer(const std::vector<ImageSummary>& chain, const std::string& path) {
+  // As qemu-img: a relative name is first taken relative to the top image's
+  // directory (as backing names are), then relative to the working directory.
+  for (const std::string& candidate :
+       {block::ResolveBackingName(chain.front().filename, path), path}) {
+    struct stat want {};
+    if (::stat(candidate.c_str(), &want) != 0) continue;
+    for (size_t i = 1; i < chain.size(); ++i) {
+      struct stat st {};
+      if (::stat(chain[i].filename.c_str(), &st) == 0 && st.st_dev == want.st_dev &&
+          st.st_ino == want.st_ino) {
+        return i;
+      }
+    }
+  }
+  return Status::InvalidArgument("Did not find '" + path + "' in the backing chain of '" +
+                                 chain.front().filename + "'");
+}
+
+Result<std::vector<StoredRange>> RangesAbove(block::Device& top, uint32_t depth) {
+  std::vector<StoredRange> ranges;
+  const uint64_t size = top.size();
+  for (uint64_t offset = 0; offset < size;) {
+    TD_ASSIGN_OR_RETURN(block::Extent e, top.GetStatus(offset, size - offset));
+    if (e.length == 0) return Status::Internal("block status returned an empty extent");
+    uint64_t length = std::min(e.length, size - offset);
+    if (e.present && e.depth < depth) {
+      bool zero = e.zero && !e.data;
+      if (!ranges.empty() && ranges.back().zero == zero &&
+          ranges.back().offset + ranges.back().length == offset) {
+        ranges.back().length += length;
+      } else {
+        ranges.push_back({offset, length, zero});
+      }
+    }
+    offset += length;
+  }
+  return ranges;
+}
+
+Status CopyRanges(block::Device& src, block::Device& dst, const std::vector<StoredRange>& ranges,
+                  Progress& progress) {
+  uint64_t total = 0;
+  for (const StoredRange& r : ranges) total += r.length;
+  uint64_t done = 0;
+  progress.Update(0, total);
+  std::vector<uint8_t> buf;
+  for (const StoredRange& r : ranges) {
+    if (r.zero) {
+      TD_RETURN_IF_ERROR(dst.WriteZeroes(r.offset, r.length, {}));
+      done += r.length;
+      progress.Update(done, total);
+      continue;
+    }
+    for (uint64_t pos = r.offset; pos < r.offset + r.length;) {
+      uint64_t n = std::min(kChainChunk, r.offset + r.length - pos);
+      buf.resize(n);
+      TD_RETURN_IF_ERROR(src.Read(pos, buf));
+      TD_RETURN_IF_ERROR(dst.Write(pos, buf));
+      pos += n;
+      done += n;
+      progress.Update(done, total);
+    }
+  }
+  progress.Update(total, total);
+  return Status::Ok();
+}
+
+}  // namespace thindisk::cli

@@ -1,0 +1,108 @@
+// thindisk commit: fold an overlay's data into an image below it, as
+// qemu-img commit does.
+//
+// Order, for crash safety: (1) every range the layers above BASE store is
+// copied into BASE (data, or zeros for zero-allocated ranges) and BASE is
+// flushed and closed; (2) only then is the overlay emptied with
+// qcow2::Image::Deallocate, which makes its ranges unallocated (reads fall
+// through to the updated BASE). A crash during (1) leaves BASE consistent
+// with each range old or new and the overlay untouched, so the guest view
+// through the overlay is unchanged; a crash during (2) leaves ranges that
+// read the same from the overlay or from BASE.
+//
+// As in qemu-img, -b implies -d: the layers between the top and BASE no
+// longer describe a consistent disk, so the top stays as it is.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+
+#include "block/open.h"
+#include "cli/chain_ops.h"
+#include "cli/common.h"
+#include "cli/image_summary.h"
+#include "qcow2/image.h"
+
+namespace thindisk::cli {
+namespace {
+
+class CommitCommand final : public Subcommand {
+ public:
+  CLI::App* Register(CLI::App& app) override {
+    CLI::App* sub =
+        app.add_subcommand("commit", "Fold an overlay's changes into its backing image");
+    sub->add_option("-f,--format", format_, "Format of the overlay (default: probe)");
+    sub->add_option("-b", base_, "Commit into this image of the chain (implies -d)");
+    sub->add_flag("-d", drop_, "Leave the overlay as it is (do not empty it)");
+    sub->add_flag("-p,--progress", progress_, "Show progress");
+    sub->add_flag("-q,--quiet", quiet_, "Print nothing on success");
+    sub->add_option("-t", cache_, "Cache mode (accepted for qemu-img compatibility)");
+    sub->add_option("filename", filename_, "Overlay image")->required();
+    return sub;
+  }
+
+  Result<Outcome> Run() override {
+    // 1. The chain, and which layer receives the data.
+    TD_ASSIGN_OR_RETURN(std::vector<ImageSummary> chain, ReadBackingChain(filename_, format_));
+    if (chain.size() < 2) {
+      return Status::InvalidArgument(filename_ + ": image does not have a backing file");
+    }
+    size_t base_index = 1;
+    if (!base_.empty()) {
+      TD_ASSIGN_OR_RETURN(base_index, FindLayer(chain, base_));
+      drop_ = true;
+    }
+    const ImageSummary& base_summary = chain[base_index];
+
+    // 2. Open BASE for writing first, so the read-only view of it inside
+    //    the top's chain sees its header as this handle left it.
+    block::OpenOptions base_options;
+    base_options.format = base_summary.format;
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> base,
+                        block::Open(base_summary.filename, base_options));
+    block::OpenOptions top_options;
+    top_options.format = chain.front().format;
+    top_options.read_only = drop_;
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> top, block::Open(filename_, top_options));
+
+    // 3. What the layers above BASE store. Listed before BASE changes: the
+    //    scan may look into BASE's metadata through the read-only view.
+    TD_ASSIGN_OR_RETURN(std::vector<StoredRange> ranges,
+                        RangesAbove(*top, static_cast<uint32_t>(base_index)));
+
+    // 4. Copy into BASE (grown to the top's size first, as qemu does) and
+    //    make it durable before anything else changes.
+    if (base->size() < top->size()) TD_RETURN_IF_ERROR(base->Resize(top->size()));
+    Progress progress(progress_ && !quiet_);
+    TD_RETURN_IF_ERROR(CopyRanges(*top, *base, ranges, progress));
+    TD_RETURN_IF_ERROR(base->Flush());
+    TD_RETURN_IF_ERROR(base->Close());
+
+    // 5. Empty the overlay: its ranges now read the same from BASE.
+    if (!drop_) {
+      auto* image = dynamic_cast<qcow2::Image*>(top.get());
+      if (image == nullptr) {
+        return Status::NotSupported(filename_ + ": only qcow2 overlays can be emptied (use -d)");
+      }
+      TD_RETURN_IF_ERROR(image->Deallocate(0, image->size()));
+    }
+    TD_RETURN_IF_ERROR(top->Close());
+    progress.Finish();
+    if (!quiet_) std::printf("Image committed.\n");
+    return Outcome::kSuccess;
+  }
+
+ private:
+  std::string format_;
+  std::string base_;
+  bool drop_ = false;
+  bool progress_ = false;
+  bool quiet_ = false;
+  std::string cache_;
+  std::string filename_;
+};
+
+}  // namespace
+
+std::unique_ptr<Subcommand> NewCommitCommand() { return std::make_unique<CommitCommand>(); }
+
+}  // namespace thindisk::cli

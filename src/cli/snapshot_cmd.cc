@@ -1,0 +1,213 @@
+// thindisk snapshot: qemu-img snapshot (-c create, -l list, -a apply,
+// -d delete) on internal qcow2 snapshots; same list table, plus
+// --output=json shaped like the "snapshots" array of qemu-img info.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "block/open.h"
+#include "cli/common.h"
+#include "io/storage.h"
+#include "qcow2/image.h"
+#include "qcow2/snapshot.h"
+
+namespace thindisk::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// qemu's image locks (file-posix "lock bytes"): a user of an image holds
+// shared OFD locks on byte 100 + p for each permission p it holds and on
+// 200 + p for each it refuses to share (p: 0 consistent read, 1 write,
+// 2 write unchanged, 3 resize). Holding them makes qemu refuse to open the
+// image for writing while we change it, and finding any of them held
+// tells us someone (qemu-nbd, a VM) uses the image right now.
+constexpr off_t kLockBase = 100;
+constexpr off_t kLockSpan = 200;  // bytes 100..299
+constexpr int kLockedPermissions = 4;
+
+class ImageLock {
+ public:
+  ~ImageLock() {
+    if (fd_ >= 0) close(fd_);
+  }
+
+  Status Acquire(const std::string& path) {
+    fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd_ < 0) return Status::FromErrno(errno, path);
+    struct flock probe {};
+    probe.l_type = F_WRLCK;  // conflicts with any lock another user holds
+    probe.l_whence = SEEK_SET;
+    probe.l_start = kLockBase;
+    probe.l_len = kLockSpan;
+    if (fcntl(fd_, F_OFD_GETLK, &probe) != 0) {
+      // Filesystems without OFD locks: nothing to coordinate with.
+      return errno == EINVAL || errno == ENOLCK ? Status::Ok()
+                                                : Status::FromErrno(errno, path);
+    }
+    if (probe.l_type != F_UNLCK) {
+      return Status::Busy(
+          path + ": the image is in use by another process (qemu locks are held)");
+    }
+    for (off_t base : {kLockBase, kLockBase + 100}) {
+      struct flock lk {};
+      lk.l_type = F_RDLCK;
+      lk.l_whence = SEEK_SET;
+      lk.l_start = base;
+      lk.l_len = kLockedPermissions;
+      if (fcntl(fd_, F_OFD_SETLK, &lk) != 0) {
+        return Status::Busy(path + ": cannot lock the image", errno);
+      }
+    }
+    return Status::Ok();
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+uint64_t VmStateSize(const qcow2::Snapshot& sn) {
+  return sn.extra.size() >= 8 ? sn.vm_state_size_large : sn.vm_state_size;
+}
+
+// The table of `qemu-img snapshot -l` (qemu's column widths).
+void PrintTable(const std::vector<qcow2::Snapshot>& snapshots) {
+  std::printf("Snapshot list:\n%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG", "VM SIZE",
+              "DATE", "VM CLOCK", "ICOUNT");
+  for (const qcow2::Snapshot& sn : snapshots) {
+    time_t t = sn.date_sec;
+    struct tm tm {};
+    localtime_r(&t, &tm);
+    char date[32];
+    std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S", &tm);
+    unsigned long long ms = sn.vm_clock_nsec / 1000000ull;
+    char clock[48];
+    std::snprintf(clock, sizeof(clock), "%02llu:%02llu:%02llu.%03llu", ms / 3600000,
+                  ms / 60000 % 60, ms / 1000 % 60, ms % 1000);
+    auto icount = qcow2::SnapshotIcount(sn);
+    std::string icount_text = icount ? std::to_string(*icount) : "";
+    std::printf("%-9s %-16s %8s%20s%13s%11s\n", sn.id.c_str(), sn.name.c_str(),
+                HumanSize(VmStateSize(sn)).c_str(), date, clock, icount_text.c_str());
+  }
+}
+
+// One element of qemu-img info's "snapshots" array, keys in qemu's order.
+Json ToJson(const qcow2::Snapshot& sn) {
+  Json j;
+  if (auto icount = qcow2::SnapshotIcount(sn)) j["icount"] = *icount;
+  j["vm-clock-nsec"] = sn.vm_clock_nsec % 1000000000ull;
+  j["name"] = sn.name;
+  j["date-sec"] = sn.date_sec;
+  j["date-nsec"] = sn.date_nsec;
+  j["vm-clock-sec"] = sn.vm_clock_nsec / 1000000000ull;
+  j["id"] = sn.id;
+  j["vm-state-size"] = VmStateSize(sn);
+  return j;
+}
+
+class SnapshotCommand final : public Subcommand {
+ public:
+  CLI::App* Register(CLI::App& app) override {
+    CLI::App* sub = app.add_subcommand(
+        "snapshot", "Create, list, apply or delete internal snapshots of a qcow2 image");
+    auto* c = sub->add_option("-c", create_, "Create a snapshot with this name");
+    auto* l = sub->add_flag("-l", list_, "List the snapshots");
+    auto* a =
+        sub->add_option("-a", apply_, "Revert the image to this snapshot (id or name)");
+    auto* d = sub->add_option("-d", delete_, "Delete this snapshot (id or name)");
+    c->excludes(l, a, d);
+    l->excludes(a, d);
+    a->excludes(d);
+    sub->add_option("-f,--format", format_, "Image format (default: probe)");
+    sub->add_option("--output", output_, "List format: human or json")
+        ->check(CLI::IsMember({"human", "json"}));
+    sub->add_flag("-q,--quiet", quiet_, "Print no progress or notes");
+    sub->add_flag("-U,--force-share", force_share_,
+                  "List even while another process uses it");
+    sub->add_option("filename", filename_, "Image file")->required();
+    return sub;
+  }
+
+  Result<Outcome> Run() override {
+    bool write = !create_.empty() || !apply_.empty() || !delete_.empty();
+    if (!write && !list_) {
+      return Status::InvalidArgument(
+          "snapshot: give one of -c NAME, -l, -a NAME, -d NAME");
+    }
+    std::string format = format_;
+    if (format.empty()) {
+      TD_ASSIGN_OR_RETURN(format, block::ProbeFormat(filename_));
+    }
+    if (format != "qcow2") {
+      return Status::NotSupported(filename_ + ": this image format (" + format +
+                                  ") does not support internal snapshots");
+    }
+    ImageLock lock;
+    if (write) TD_RETURN_IF_ERROR(lock.Acquire(filename_));
+    io::OpenOptions io_options;
+    io_options.read_only = !write;
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
+                        io::OpenFile(filename_, io_options));
+    qcow2::OpenOptions options;
+    options.read_only = !write;
+    options.no_backing = true;  // snapshots never read guest data
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<qcow2::Image> image,
+                        qcow2::Image::Open(std::move(storage), options));
+    if (write && image->info().read_only) {
+      return Status::ReadOnly(filename_ +
+                              ": the image is marked corrupt; repair it first");
+    }
+    Status s = RunOn(*image);
+    Status closed = image->Close();
+    if (!s.ok()) return s;
+    if (!closed.ok()) return closed;
+    return Outcome::kSuccess;
+  }
+
+ private:
+  Status RunOn(qcow2::Image& image) {
+    if (list_) {
+      TD_ASSIGN_OR_RETURN(auto snapshots, qcow2::ListSnapshots(image));
+      if (output_ == "json") {
+        Json list = Json::array();
+        for (const qcow2::Snapshot& sn : snapshots) list.push_back(ToJson(sn));
+        std::cout << list.dump(4) << "\n";
+      } else {
+        PrintTable(snapshots);
+      }
+      return Status::Ok();
+    }
+    if (!create_.empty()) {
+      qcow2::SnapshotCreateOptions o;
+      o.name = create_;
+      return qcow2::CreateSnapshot(image, o).WithContext("could not create snapshot '" +
+                                                         create_ + "'");
+    }
+    if (!apply_.empty()) {
+      return qcow2::ApplySnapshot(image, apply_)
+          .WithContext("could not apply snapshot '" + apply_ + "'");
+    }
+    return qcow2::DeleteSnapshot(image, delete_)
+        .WithContext("could not delete snapshot '" + delete_ + "'");
+  }
+
+  std::string create_, apply_, delete_, format_, output_ = "human";
+  bool list_ = false;
+  bool quiet_ = false;
+  bool force_share_ = false;
+  std::string filename_;
+};
+
+}  // namespace
+
+std::unique_ptr<Subcommand> NewSnapshotCommand() {
+  return std::make_unique<SnapshotCommand>();
+}
+
+}  // namespace thindisk::cli
