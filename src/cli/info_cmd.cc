@@ -3,12 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdio>
-#include <ctime>
 #include <iostream>
 
 #include "cli/common.h"
 #include "cli/image_summary.h"
-#include "util/endian.h"
+#include "cli/snapshot_table.h"
 
 namespace thindisk::cli {
 namespace {
@@ -22,54 +21,6 @@ std::string CompressionName(qcow2::CompressionType t) {
 }
 
 // Extra data bytes 16..23 hold the instruction count (spec), when present.
-bool SnapshotIcount(const qcow2::Snapshot& sn, uint64_t* icount) {
-  if (sn.extra.size() < 24) return false;
-  *icount = LoadBe64(sn.extra.data() + 16);
-  return *icount != ~0ull;
-}
-
-uint64_t SnapshotVmStateSize(const qcow2::Snapshot& sn) {
-  return sn.extra.size() >= 8 ? sn.vm_state_size_large : sn.vm_state_size;
-}
-
-Json SnapshotJson(const qcow2::Snapshot& sn) {
-  Json j;
-  uint64_t icount = 0;
-  if (SnapshotIcount(sn, &icount)) j["icount"] = icount;
-  j["vm-clock-nsec"] = sn.vm_clock_nsec % 1000000000ull;
-  j["name"] = sn.name;
-  j["date-sec"] = sn.date_sec;
-  j["date-nsec"] = sn.date_nsec;
-  j["vm-clock-sec"] = sn.vm_clock_nsec / 1000000000ull;
-  j["id"] = sn.id;
-  j["vm-state-size"] = SnapshotVmStateSize(sn);
-  return j;
-}
-
-// qemu's "Snapshot list:" table.
-void PrintSnapshots(const std::vector<qcow2::Snapshot>& snapshots) {
-  std::printf("Snapshot list:\n%-10s%-17s%8s%20s%13s%11s\n", "ID", "TAG", "VM SIZE", "DATE",
-              "VM CLOCK", "ICOUNT");
-  for (const qcow2::Snapshot& sn : snapshots) {
-    time_t t = sn.date_sec;
-    struct tm tm {};
-    localtime_r(&t, &tm);
-    char date[32];
-    std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S", &tm);
-    uint64_t secs = sn.vm_clock_nsec / 1000000000ull;
-    char clock[48];
-    std::snprintf(clock, sizeof(clock), "%02llu:%02llu:%02llu.%03llu",
-                  static_cast<unsigned long long>(secs / 3600),
-                  static_cast<unsigned long long>((secs / 60) % 60),
-                  static_cast<unsigned long long>(secs % 60),
-                  static_cast<unsigned long long>((sn.vm_clock_nsec / 1000000) % 1000));
-    uint64_t icount = 0;
-    std::string icount_text = SnapshotIcount(sn, &icount) ? std::to_string(icount) : "";
-    std::printf("%-9s %-16s %8s%20s%13s%11s\n", sn.id.c_str(), sn.name.c_str(),
-                HumanSize(SnapshotVmStateSize(sn)).c_str(), date, clock, icount_text.c_str());
-  }
-}
-
 // qemu-img's format-specific block for a vmdk.
 Json VmdkJson(const vmdk::Description& d) {
   Json extents = Json::array();
@@ -165,7 +116,7 @@ void PrintHuman(const ImageSummary& s) {
   }
   if (!s.snapshots.empty()) {
     std::cout.flush();
-    PrintSnapshots(s.snapshots);
+    PrintSnapshotTable(s.snapshots);
     std::fflush(stdout);
   }
   std::cout << "Format specific information:\n"
