@@ -287,6 +287,8 @@ static int Good(char** argv) {
   }
   nbd_shutdown(h, 0);
   nbd_close(h);
+  free(buf);
+  free(model);
   static const char* const kKinds[] = {"write", "write", "write", "write", "zero",
                                        "flush", "read", "read", "read", "read"};
   printf("good: %" PRIu64 " ops, slowest %.0f ms (a %s)\n", ops, max_ms, kKinds[max_kind]);
