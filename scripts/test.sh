@@ -80,10 +80,15 @@ if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
   done
   "$ROOT/$BUILD_TSAN/src/qcow2/qcow2_engine_test" --gtest_brief=1 \
     --gtest_filter='*Concurrency*:*FlushOrdering*' || tsan_ok=0
-  # The real server under TSan, driven by fio and qemu-io.
+  # The real server under TSan, driven by fio, qemu-io and the stress client.
   for t in fio qemu_io; do
     THINDISK="$ROOT/$BUILD_TSAN/thindisk" timeout 600 bash tests/serve/$t.sh || tsan_ok=0
   done
+  # Four connections at queue depth 32 against a model (its libnbd client
+  # comes from the optimized build; only the server needs TSan).
+  THINDISK="$ROOT/$BUILD_TSAN/thindisk" \
+    STRESS_CLIENT="$ROOT/$BUILD/tests/serve/serve_stress_client" \
+    timeout 600 bash tests/serve/stress.sh || tsan_ok=0
   ((tsan_ok)) || FAILED+=("$BUILD_TSAN")
 fi
 if [[ ${THINDISK_SKIP_FUZZ:-0} != 1 ]]; then
