@@ -106,11 +106,16 @@ std::string ExplainAmplification(int pass, uint32_t cluster_size, bool extended_
                             "data around them ({} bytes so written)",
                             c, p.fill_bytes);
   } else if (pass == 0) {
-    why = extended_l2 ? "every write covered whole subclusters, so nothing around it needed filling"
-                      : fmt::format("a first write into a fresh {} cluster past the end of the file writes only "
-                                    "its own bytes, since fresh host space already reads as zeros (a clone "
-                                    "or reused space would have the whole cluster copied, as qemu does)",
-                                    c);
+    why = extended_l2
+              ? fmt::format("a first write into a fresh {} subcluster past the end of the file writes only "
+                            "its own bytes, since fresh host space already reads as zeros (a clone or "
+                            "reused space would have the rest of the subcluster filled, never the whole "
+                            "{} cluster)",
+                            Human(cluster_size / 32), c)
+              : fmt::format("a first write into a fresh {} cluster past the end of the file writes only "
+                            "its own bytes, since fresh host space already reads as zeros (a clone "
+                            "or reused space would have the whole cluster copied, as qemu does)",
+                            c);
   } else if (pass == 1) {
     why = "rewrites of allocated space land in place and change no mapping";
   } else {
