@@ -33,15 +33,19 @@ namespace thindisk::bench {
 using LabelledProgressFn =
     std::function<void(const std::string& label, uint64_t done, uint64_t total)>;
 
-struct InProcessOptions {
-  std::string dir;              // parent of the scratch directory
-  qcow2::CreateOptions layout;  // everything but size (set per image)
-  uint64_t size = 1ull << 30;   // guest bytes each workload covers
+// What every target runs: the workloads, their size, depth, seed and limits.
+struct WorkloadOptions {
+  uint64_t size = 1ull << 30;  // guest bytes each workload covers
   uint32_t qd = 16;
   uint64_t seed = 1;
   RunLimits limits;
   std::vector<Workload> workloads;
   LabelledProgressFn progress;  // may be null
+};
+
+struct InProcessOptions : WorkloadOptions {
+  std::string dir;              // parent of the scratch directory
+  qcow2::CreateOptions layout;  // everything but size (set per image)
   bool keep_images = false;     // leave the scratch directory behind
 };
 

@@ -27,14 +27,10 @@
 
 namespace thindisk::bench {
 
-struct RemoteOptions {
+// `size` is clipped to the export's size; `workloads` may hold W1-W4 only
+// (kInvalidArgument otherwise).
+struct RemoteOptions : WorkloadOptions {
   std::string uri;
-  uint64_t size = 1ull << 30;  // clipped to the export's size
-  uint32_t qd = 16;
-  uint64_t seed = 1;
-  RunLimits limits;
-  std::vector<Workload> workloads;  // W1-W4 only (kInvalidArgument otherwise)
-  LabelledProgressFn progress;
   pid_t server_pid = 0;    // 0: no server-side figures
   std::string image_path;  // "": no space amplification
 };

@@ -107,32 +107,27 @@ class BenchCommand final : public Subcommand {
       Print(bench::ToJson(demo), bench::ToHuman(demo));
       return Outcome::kSuccess;
     }
-    bench::RunLimits limits;
-    limits.max_seconds = runtime_;
-    limits.max_ops = max_ops_;
+    bench::WorkloadOptions run;
+    run.limits.max_seconds = runtime_;
+    run.limits.max_ops = max_ops_;
+    run.size = size_.value_or(1ull << 30);
+    run.qd = qd_;
+    run.seed = seed_;
+    run.workloads = workloads_;
+    run.progress = on_progress;
     bench::Report report;
     if (!uri_.empty()) {
       bench::RemoteOptions o;
+      static_cast<bench::WorkloadOptions&>(o) = run;
       o.uri = uri_;
-      o.size = size_.value_or(1ull << 30);
-      o.qd = qd_;
-      o.seed = seed_;
-      o.limits = limits;
-      o.workloads = workloads_;
-      o.progress = on_progress;
       o.server_pid = server_pid_;
       o.image_path = image_;
       TD_ASSIGN_OR_RETURN(report, bench::RunRemote(o));
     } else {
       bench::InProcessOptions o;
+      static_cast<bench::WorkloadOptions&>(o) = run;
       o.dir = Dir();
       TD_ASSIGN_OR_RETURN(o.layout, Layout());
-      o.size = size_.value_or(1ull << 30);
-      o.qd = qd_;
-      o.seed = seed_;
-      o.limits = limits;
-      o.workloads = workloads_;
-      o.progress = on_progress;
       o.keep_images = keep_;
       TD_ASSIGN_OR_RETURN(report, bench::RunInProcess(o));
     }
