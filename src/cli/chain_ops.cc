@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "block/open.h"
+#include "qcow2/image.h"
 
 namespace thindisk::cli {
 
@@ -75,6 +76,22 @@ Status CopyRanges(block::Device& src, block::Device& dst, const std::vector<Stor
     }
   }
   progress.Update(total, total);
+  return Status::Ok();
+}
+
+Status CommitInto(block::Device& top, block::Device& base, uint32_t depth, bool empty_top,
+                  Progress& progress) {
+  auto* top_image = dynamic_cast<qcow2::Image*>(&top);
+  if (empty_top && top_image == nullptr) {
+    return Status::NotSupported(top.info().filename +
+                                ": only qcow2 overlays can be emptied (use -d)");
+  }
+  TD_ASSIGN_OR_RETURN(std::vector<StoredRange> ranges, RangesAbove(top, depth));
+  if (base.size() < top.size()) TD_RETURN_IF_ERROR(base.Resize(top.size()));
+  TD_RETURN_IF_ERROR(CopyRanges(top, base, ranges, progress));
+  TD_RETURN_IF_ERROR(base.Flush());
+  TD_RETURN_IF_ERROR(base.Close());
+  if (empty_top) TD_RETURN_IF_ERROR(top_image->Deallocate(0, top_image->size()));
   return Status::Ok();
 }
 

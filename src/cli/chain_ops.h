@@ -42,4 +42,14 @@ Result<std::vector<StoredRange>> RangesAbove(block::Device& top, uint32_t depth)
 Status CopyRanges(block::Device& src, block::Device& dst, const std::vector<StoredRange>& ranges,
                   Progress& progress);
 
+// The work of `commit` once both images are open, in the order that makes
+// it crash safe: lists what layers 0 .. depth-1 of `top` store (before BASE
+// changes), copies it into `base` (grown to the top's size first), flushes
+// and closes `base`, and only then, with `empty_top`, makes the top's ranges
+// unallocated so they read through to BASE (`top` must then be a qcow2
+// image). A failure stops before the next step: the overlay is emptied only
+// once BASE holds its data durably.
+Status CommitInto(block::Device& top, block::Device& base, uint32_t depth, bool empty_top,
+                  Progress& progress);
+
 }  // namespace thindisk::cli

@@ -20,7 +20,6 @@
 #include "cli/chain_ops.h"
 #include "cli/common.h"
 #include "cli/image_summary.h"
-#include "qcow2/image.h"
 
 namespace thindisk::cli {
 namespace {
@@ -64,27 +63,11 @@ class CommitCommand final : public Subcommand {
     top_options.read_only = drop_;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> top, block::Open(filename_, top_options));
 
-    // 3. What the layers above BASE store. Listed before BASE changes: the
-    //    scan may look into BASE's metadata through the read-only view.
-    TD_ASSIGN_OR_RETURN(std::vector<StoredRange> ranges,
-                        RangesAbove(*top, static_cast<uint32_t>(base_index)));
-
-    // 4. Copy into BASE (grown to the top's size first, as qemu does) and
-    //    make it durable before anything else changes.
-    if (base->size() < top->size()) TD_RETURN_IF_ERROR(base->Resize(top->size()));
+    // 3. List what the layers above BASE store, copy it into BASE, make BASE
+    //    durable, and only then empty the overlay.
     Progress progress(progress_ && !quiet_);
-    TD_RETURN_IF_ERROR(CopyRanges(*top, *base, ranges, progress));
-    TD_RETURN_IF_ERROR(base->Flush());
-    TD_RETURN_IF_ERROR(base->Close());
-
-    // 5. Empty the overlay: its ranges now read the same from BASE.
-    if (!drop_) {
-      auto* image = dynamic_cast<qcow2::Image*>(top.get());
-      if (image == nullptr) {
-        return Status::NotSupported(filename_ + ": only qcow2 overlays can be emptied (use -d)");
-      }
-      TD_RETURN_IF_ERROR(image->Deallocate(0, image->size()));
-    }
+    TD_RETURN_IF_ERROR(
+        CommitInto(*top, *base, static_cast<uint32_t>(base_index), !drop_, progress));
     TD_RETURN_IF_ERROR(top->Close());
     progress.Finish();
     if (!quiet_) std::printf("Image committed.\n");
