@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <new>
 
 #include "nbd/fd_io.h"
 #include "util/endian.h"
@@ -23,8 +22,6 @@ constexpr size_t kMaxDescriptors = 1024;
 // 16 small requests back to back, and one recv takes them all. Payloads
 // larger than half of it are read straight into their own buffer.
 constexpr size_t kReadAhead = 128u << 10;
-// Payload buffers are aligned for O_DIRECT (--cache=none).
-constexpr size_t kPayloadAlign = 4096;
 
 // Skips `n` bytes at the front of `iov` (bytes a partial send already took).
 void AdvanceIov(std::vector<iovec>* iov, size_t n) {
@@ -524,17 +521,6 @@ void Connection::StopWriter() {
   }
   write_cv_.notify_one();
   writer_.join();
-}
-
-PayloadBuffer::PayloadBuffer(size_t size) : size_(size) {
-  if (size > 0) {
-    // Default-initialised: no zero fill of bytes the socket or device writes.
-    data_.reset(static_cast<uint8_t*>(::operator new[](size, std::align_val_t(kPayloadAlign))));
-  }
-}
-
-void PayloadBuffer::Free::operator()(uint8_t* p) const {
-  ::operator delete[](p, std::align_val_t(kPayloadAlign));
 }
 
 void OutgoingReply::AddHead(std::span<const uint8_t> bytes) {

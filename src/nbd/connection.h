@@ -56,6 +56,7 @@
 #include <vector>
 
 #include "nbd/export.h"
+#include "nbd/payload_buffer.h"
 #include "nbd/negotiation.h"
 #include "nbd/transmission_codec.h"
 #include "nbd/worker_pool.h"
@@ -70,26 +71,6 @@ struct ConnectionOptions {
   size_t inline_max_bytes = 256u << 10;
   // Receives one line per notable event (client gone, protocol violation).
   std::function<void(const std::string&)> log;
-};
-
-// A byte buffer for request and reply payloads: 4 KiB-aligned (so an
-// O_DIRECT device needs no bounce copy) and not zero-filled on creation
-// (every byte is overwritten by the socket or the device before use).
-class PayloadBuffer {
- public:
-  PayloadBuffer() = default;
-  explicit PayloadBuffer(size_t size);
-  uint8_t* data() { return data_.get(); }
-  const uint8_t* data() const { return data_.get(); }
-  size_t size() const { return size_; }
-  std::span<uint8_t> span() { return {data_.get(), size_}; }
-
- private:
-  struct Free {
-    void operator()(uint8_t* p) const;
-  };
-  std::unique_ptr<uint8_t, Free> data_;
-  size_t size_ = 0;
 };
 
 // An encoded reply waiting to be sent: small headers and, for READ, the

@@ -28,10 +28,12 @@ CACHE_MIB=64                # --cache-size (also the default)
 # max_inflight_bytes (64 MiB, ServeOptions) plus at most
 # max_inflight_requests (128) uncounted small replies (<= 16 KiB each:
 # 2 MiB) and its two threads' stacks (<= 2 MiB touched), on top of the qcow2
-# metadata cache and a fixed 64 MiB for the program, the worker pool and
-# allocator slack.
+# metadata cache, a fixed 64 MiB for the program, the worker pool and
+# allocator slack, and the 64 MiB of freed payload buffers kept for reuse
+# (kPayloadCacheBytes, src/nbd/payload_buffer.h).
 PER_CONNECTION_MIB=$((64 + 2 + 2))
-BOUND_MIB=$((MAX_CONNECTIONS * PER_CONNECTION_MIB + CACHE_MIB + 64))
+PAYLOAD_CACHE_MIB=64
+BOUND_MIB=$((MAX_CONNECTIONS * PER_CONNECTION_MIB + CACHE_MIB + 64 + PAYLOAD_CACHE_MIB))
 # kMaxOptionsPerSession (src/nbd/negotiation.h) plus one per export.
 OPTION_LIMIT=$((256 + 1))
 
@@ -95,7 +97,7 @@ peak=$(rss_kib VmHWM)
 max_sample=$(sort -n rss.samples | tail -1)
 log "peak RSS (VmHWM) $((peak / 1024)) MiB (during the attack $((peak_busy / 1024)) MiB," \
   "highest sample $((max_sample / 1024)) MiB); bound $BOUND_MIB MiB" \
-  "($MAX_CONNECTIONS x $PER_CONNECTION_MIB MiB + $CACHE_MIB MiB cache + 64 MiB)"
+  "($MAX_CONNECTIONS x $PER_CONNECTION_MIB MiB + $CACHE_MIB MiB cache + 64 MiB + $PAYLOAD_CACHE_MIB MiB payload cache)"
 ((peak / 1024 < BOUND_MIB)) || fail "peak RSS $((peak / 1024)) MiB exceeds the bound $BOUND_MIB MiB"
 stop_server "$SRV" srv
 wait "$SAMPLER" 2>/dev/null || true
