@@ -216,6 +216,13 @@ Result<Allocator::Allocation> Allocator::AllocateClustersAt(uint64_t n, int dept
 }
 
 Result<Allocator::Allocation> Allocator::AllocateClusters(uint64_t n) {
+  // The host cluster after a partly filled compressed cluster is left for
+  // the next compressed cluster to run on into (AllocateBytes): plain data
+  // there would waste the partly filled cluster's tail.
+  if (compressed_cursor_ & (cluster_size_ - 1)) {
+    const uint64_t spill = ClusterIndex(compressed_cursor_) + 1;
+    if (free_hint_ == spill) free_hint_ = spill + 1;
+  }
   return AllocateClustersAt(n, 0);
 }
 
@@ -224,11 +231,18 @@ Result<uint64_t> Allocator::AllocateBytes(uint64_t bytes) {
   if (compressed_cursor_ != 0) {
     uint64_t used = compressed_cursor_ & (cluster_size_ - 1);
     uint64_t cluster = compressed_cursor_ & ~(cluster_size_ - 1);
-    if (used != 0 && cluster_size_ - used >= bytes) {
-      TD_ASSIGN_OR_RETURN(uint64_t rc, GetRefcount(cluster));
+    if (used != 0) {
       // Only reuse a cluster still counted by a compressed neighbour, with
       // room left in the refcount width.
-      if (rc > 0 && rc < max_refcount_) {
+      TD_ASSIGN_OR_RETURN(uint64_t rc, GetRefcount(cluster));
+      bool room = rc > 0 && rc < max_refcount_ && cluster_size_ - used >= bytes;
+      // Compressed data may continue into the next contiguous host cluster
+      // (qcow2 spec): without that, a cluster's tail too short for the next
+      // compressed cluster is wasted, ~20% of a compressed image.
+      if (rc > 0 && rc < max_refcount_ && !room) {
+        TD_ASSIGN_OR_RETURN(room, TakeIfFree(ClusterIndex(cluster) + 1));
+      }
+      if (room) {
         TD_RETURN_IF_ERROR(AddRefcount(cluster, 1, +1));
         uint64_t offset = compressed_cursor_;
         compressed_cursor_ += bytes;
@@ -239,6 +253,21 @@ Result<uint64_t> Allocator::AllocateBytes(uint64_t bytes) {
   TD_ASSIGN_OR_RETURN(Allocation a, AllocateClusters(1));
   compressed_cursor_ = a.offset + bytes;
   return a.offset;
+}
+
+Result<bool> Allocator::TakeIfFree(uint64_t cluster) {
+  TD_ASSIGN_OR_RETURN(uint64_t rc, RefcountOfCluster(cluster));
+  if (rc != 0) return false;
+  // Creating the block that counts it may take this very cluster.
+  TD_RETURN_IF_ERROR(EnsureBlock(cluster / entries_per_block_, 0));
+  TD_ASSIGN_OR_RETURN(rc, RefcountOfCluster(cluster));
+  if (rc != 0) return false;
+  TD_RETURN_IF_ERROR(SetRefcountOfCluster(cluster, 1));
+  const uint64_t end = (cluster + 1) << cluster_bits_;
+  fresh_from_ = std::max(fresh_from_, end);
+  host_end_ = std::max(host_end_, end);
+  if (cluster == free_hint_) free_hint_ = cluster + 1;
+  return true;
 }
 
 void Allocator::DeferFree(uint64_t host_offset, uint64_t n) {

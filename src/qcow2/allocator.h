@@ -57,9 +57,11 @@ class Allocator {
 
   // `n` contiguous free clusters, refcount set to 1.
   Result<Allocation> AllocateClusters(uint64_t n);
-  // `bytes` (<= cluster size) inside one host cluster, packed after the
-  // previous compressed allocation when it fits; the host cluster gets one
-  // more reference per call (DESIGN: one per compressed cluster).
+  // `bytes` (<= cluster size) packed right after the previous compressed
+  // allocation: inside its host cluster, or running on into the next host
+  // cluster when that one is free (it is then allocated). Every host
+  // cluster the bytes touch gets one more reference per call (one per
+  // compressed cluster, as the qcow2 spec counts them).
   Result<uint64_t> AllocateBytes(uint64_t bytes);
 
   // Queues a refcount decrement of `n` clusters from `host_offset`.
@@ -104,6 +106,8 @@ class Allocator {
   Status EnsureBlock(uint64_t block_index, int depth);
   Status GrowTable(uint64_t min_entries, int depth);
   Result<uint64_t> FindFree(uint64_t n);
+  // Allocates host cluster number `cluster` (refcount 1) if it is free.
+  Result<bool> TakeIfFree(uint64_t cluster);
   Result<Allocation> AllocateClustersAt(uint64_t n, int depth);
   Status ValidateBlockOffset(uint64_t block_index, uint64_t offset) const;
 

@@ -99,10 +99,49 @@ TEST(AllocatorTest, CompressedBytesShareAClusterWithOneReferenceEach) {
   ASSERT_TRUE(a.has_value() && b.has_value());
   EXPECT_EQ(*b, *a + 1000);
   EXPECT_EQ(*f.alloc->GetRefcount(*a), 2u);
-  auto c = f.alloc->AllocateBytes(65000);  // does not fit: new cluster
+}
+
+// The qcow2 spec lets compressed data continue into the next contiguous
+// host cluster; every cluster it touches counts one reference for it.
+TEST(AllocatorTest, CompressedBytesRunOnIntoTheNextFreeCluster) {
+  auto f = Make(65536, 16);
+  auto a = f.alloc->AllocateBytes(60000);
+  auto b = f.alloc->AllocateBytes(10000);  // 5536 bytes left: runs on
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_EQ(*b, *a + 60000);
+  const uint64_t first = *a & ~uint64_t{65535};
+  EXPECT_EQ(*f.alloc->GetRefcount(first), 2u);
+  EXPECT_EQ(*f.alloc->GetRefcount(first + 65536), 1u);
+  auto c = f.alloc->AllocateBytes(100);
   ASSERT_TRUE(c.has_value());
-  EXPECT_EQ(*c % 65536, 0u);
-  EXPECT_NE(*c / 65536, *a / 65536);
+  EXPECT_EQ(*c, *b + 10000);
+  EXPECT_EQ(*f.alloc->GetRefcount(first + 65536), 2u);
+}
+
+TEST(AllocatorTest, PlainClustersLeaveTheRunOnClusterFree) {
+  auto f = Make(65536, 16);
+  auto a = f.alloc->AllocateBytes(60000);
+  ASSERT_TRUE(a.has_value());
+  const uint64_t next = (*a & ~uint64_t{65535}) + 65536;
+  auto plain = f.alloc->AllocateClusters(1);
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_NE(plain->offset, next);
+  auto b = f.alloc->AllocateBytes(10000);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(*b, *a + 60000);
+}
+
+TEST(AllocatorTest, CompressedBytesStartAFreshClusterWhenTheNextIsTaken) {
+  auto f = Make(65536, 16);
+  auto a = f.alloc->AllocateBytes(60000);
+  ASSERT_TRUE(a.has_value());
+  const uint64_t next = (*a & ~uint64_t{65535}) + 65536;
+  ASSERT_TRUE(f.alloc->AddRefcount(next, 1, +1).ok());  // someone else's
+  auto b = f.alloc->AllocateBytes(10000);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(*b % 65536, 0u);
+  EXPECT_NE(*b, next);
+  EXPECT_EQ(*f.alloc->GetRefcount(next), 1u);
 }
 
 TEST(AllocatorTest, OneBitRefcountsNeverOverflowWhenPacking) {

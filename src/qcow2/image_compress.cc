@@ -73,7 +73,11 @@ Status ImageImpl::WriteCompressed(uint64_t offset, std::span<const uint8_t> data
   // Storing compressed must save at least one sector.
   std::vector<uint8_t> out(cs() - kSector);
   Result<size_t> n = Status::NotSupported("skipped");
-  if (!LooksIncompressible(input)) {
+  // zstd gives up on incompressible input by itself about as fast as the
+  // entropy guess (random data: 700-900 MB/s on 2 CPUs either way), and the
+  // guess stores some compressible clusters raw (W6: 0.5% of the corpus
+  // ratio); zlib would spend ~9 ms per MiB finding out, so it is asked first.
+  if (compression_type_ == CompressionType::kZstd || !LooksIncompressible(input)) {
     n = Compress(CodecOf(compression_type_), kDefaultCompressionLevel, input, out);
   }
   if (!n) {
@@ -98,7 +102,10 @@ Status ImageImpl::WriteCompressed(uint64_t offset, std::span<const uint8_t> data
   std::lock_guard lock(mu_);
   if (s.ok()) s = SetMappingLocked(gc, m);
   if (!s.ok()) {
-    allocator_->DeferFree(host, 1);
+    // Every host cluster the bytes touch holds a reference for them.
+    const uint64_t first = host >> cluster_bits_;
+    const uint64_t last = (host + *n - 1) >> cluster_bits_;
+    allocator_->DeferFree(first << cluster_bits_, last - first + 1);
     return s;
   }
   FreeMappingLocked(old);
