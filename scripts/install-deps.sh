@@ -14,6 +14,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev libnbd-dev
   # the tools our interop tests judge us by
   qemu-utils libnbd-bin fio nbdkit jq
+  # bench/compare and a test script compute with it
+  python3
 )
 
 SUDO=()
