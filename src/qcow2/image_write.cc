@@ -91,11 +91,17 @@ Status ImageImpl::WriteInPlace(uint64_t gc, const L2Mapping& m, uint64_t in_off,
       Result<uint64_t> size = storage_->Size();
       return size.has_value() && *size <= m.host_offset + uint64_t(sub) * scs();
     };
-    if (StateOf(m, first) != SubState::kData && !FillNeedless(gc, m, first, past_eof(first))) {
-      start = first * scs();
+    // (Asked only when the write leaves part of the subcluster uncovered:
+    // the file size costs a system call.)
+    const uint64_t head = uint64_t(first) * scs();
+    const uint64_t tail = std::min<uint64_t>(uint64_t(last + 1) * scs(), cs());
+    if (start > head && StateOf(m, first) != SubState::kData &&
+        !FillNeedless(gc, m, first, past_eof(first))) {
+      start = head;
     }
-    if (StateOf(m, last) != SubState::kData && !FillNeedless(gc, m, last, past_eof(last))) {
-      end = std::min<uint64_t>((last + 1) * scs(), cs());
+    if (end < tail && StateOf(m, last) != SubState::kData &&
+        !FillNeedless(gc, m, last, past_eof(last))) {
+      end = tail;
     }
   }
   if (src && start == in_off && end == in_off + len) {
