@@ -235,11 +235,12 @@ Result<uint64_t> Allocator::AllocateBytes(uint64_t bytes) {
       // Only reuse a cluster still counted by a compressed neighbour, with
       // room left in the refcount width.
       TD_ASSIGN_OR_RETURN(uint64_t rc, GetRefcount(cluster));
-      bool room = rc > 0 && rc < max_refcount_ && cluster_size_ - used >= bytes;
+      const bool shareable = rc > 0 && rc < max_refcount_;
+      bool room = shareable && cluster_size_ - used >= bytes;
       // Compressed data may continue into the next contiguous host cluster
       // (qcow2 spec): without that, a cluster's tail too short for the next
       // compressed cluster is wasted, ~20% of a compressed image.
-      if (rc > 0 && rc < max_refcount_ && !room) {
+      if (shareable && !room) {
         TD_ASSIGN_OR_RETURN(room, TakeIfFree(ClusterIndex(cluster) + 1));
       }
       if (room) {
