@@ -102,10 +102,9 @@ Status ImageImpl::WriteCompressed(uint64_t offset, std::span<const uint8_t> data
   std::lock_guard lock(mu_);
   if (s.ok()) s = SetMappingLocked(gc, m);
   if (!s.ok()) {
-    // Every host cluster the bytes touch holds a reference for them.
-    const uint64_t first = host >> cluster_bits_;
-    const uint64_t last = (host + *n - 1) >> cluster_bits_;
-    allocator_->DeferFree(first << cluster_bits_, last - first + 1);
+    // Give back the references AllocateBytes took (on every host cluster
+    // the bytes touch), as for any compressed mapping.
+    FreeMappingLocked(m);
     return s;
   }
   FreeMappingLocked(old);
