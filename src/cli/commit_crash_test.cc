@@ -20,21 +20,11 @@
 namespace thindisk::cli {
 namespace {
 
-using qcow2::testing::FakeDevice;
+using qcow2::testing::BackedBy;
 using qcow2::testing::Pattern;
 
 constexpr uint64_t kSize = 4 << 20;
 constexpr uint64_t kSector = 512;
-
-qcow2::OpenOptions BackedBy(const std::vector<uint8_t>& bytes, bool read_only = false) {
-  qcow2::OpenOptions oo;
-  oo.read_only = read_only;
-  oo.open_backing = [bytes](const std::string&, const std::string&)
-      -> Result<std::unique_ptr<block::Device>> {
-    return std::unique_ptr<block::Device>(std::make_unique<FakeDevice>(bytes));
-  };
-  return oo;
-}
 
 qcow2::OpenOptions ReadOnly() {
   qcow2::OpenOptions oo;

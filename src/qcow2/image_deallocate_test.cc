@@ -10,19 +10,10 @@
 namespace thindisk::qcow2 {
 namespace {
 
-using testing::FakeDevice;
+using testing::BackedBy;
 using testing::Pattern;
 
 constexpr uint64_t kSize = 4 << 20;
-
-OpenOptions WithBacking(const std::vector<uint8_t>& base) {
-  OpenOptions oo;
-  oo.open_backing = [base](const std::string&, const std::string&)
-      -> Result<std::unique_ptr<block::Device>> {
-    return std::unique_ptr<block::Device>(std::make_unique<FakeDevice>(base));
-  };
-  return oo;
-}
 
 struct Layout {
   uint32_t cluster;
@@ -56,7 +47,7 @@ TEST_P(DeallocateTest, WholeImageReadsThroughToBacking) {
   co.cluster_size = l.cluster;
   co.extended_l2 = l.ext;
   co.backing_file = "base";
-  auto m = testing::CreateMem(co, WithBacking(base));
+  auto m = testing::CreateMem(co, BackedBy(base));
   ASSERT_TRUE(m.image);
   Populate(*m.image, base, l.cluster);
   ASSERT_TRUE(m.image->Deallocate(0, kSize).ok());
@@ -65,7 +56,7 @@ TEST_P(DeallocateTest, WholeImageReadsThroughToBacking) {
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->length, kSize);
   EXPECT_EQ(e->depth, 1u);
-  auto r = testing::Reopen(m, WithBacking(base));
+  auto r = testing::Reopen(m, BackedBy(base));
   ASSERT_TRUE(r.image);
   testing::ExpectContent(*r.image, base, 0, kSize);
   ASSERT_TRUE(r.image->Close().ok());
@@ -84,7 +75,7 @@ TEST_P(DeallocateTest, PartRangeKeepsTheRest) {
   co.cluster_size = l.cluster;
   co.extended_l2 = l.ext;
   co.backing_file = "base";
-  auto m = testing::CreateMem(co, WithBacking(base));
+  auto m = testing::CreateMem(co, BackedBy(base));
   ASSERT_TRUE(m.image);
   auto view = Populate(*m.image, base, l.cluster);
   // The first subcluster (or cluster) of the 4th cluster's written piece.
@@ -116,7 +107,7 @@ TEST(DeallocateCrashTest, EachRangeReadsOldOrBacking) {
     std::vector<uint8_t> before;
     std::unique_ptr<io::MemoryStorage> populated;
     {
-      auto img = Image::Open(static_cast<io::MemoryStorage&>(*mem).Clone(), WithBacking(base));
+      auto img = Image::Open(static_cast<io::MemoryStorage&>(*mem).Clone(), BackedBy(base));
       ASSERT_TRUE(img.has_value());
       before = Populate(**img, base, kCluster);
       ASSERT_TRUE((*img)->Close().ok());
@@ -133,7 +124,7 @@ TEST(DeallocateCrashTest, EachRangeReadsOldOrBacking) {
         f.freeze = true;
         f.freeze_after_next = nth % 2 == 0;
         faulty->FailAtEvent(f);
-        auto img = Image::Open(std::move(*faulty_or), WithBacking(base));
+        auto img = Image::Open(std::move(*faulty_or), BackedBy(base));
         ASSERT_TRUE(img.has_value());
         (void)(*img)->Deallocate(0, kSize);
         if (!faulty->event_fault_fired()) continue;
@@ -146,7 +137,7 @@ TEST(DeallocateCrashTest, EachRangeReadsOldOrBacking) {
           auto report = Check(**after, RepairMode::kNone);
           ASSERT_TRUE(report.has_value());
           EXPECT_EQ(report->corruptions, 0u);
-          OpenOptions oo = WithBacking(base);
+          OpenOptions oo = BackedBy(base);
           oo.read_only = true;
           auto survivor = Image::Open(std::move(*after), oo);
           ASSERT_TRUE(survivor.has_value()) << survivor.status().ToString();

@@ -96,6 +96,17 @@ class FakeDevice : public block::Device {
   block::DeviceInfo info_;
 };
 
+// Open options whose backing file, whatever its name, is `bytes`.
+inline OpenOptions BackedBy(std::vector<uint8_t> bytes, bool read_only = false) {
+  OpenOptions oo;
+  oo.read_only = read_only;
+  oo.open_backing = [bytes = std::move(bytes)](const std::string&, const std::string&)
+      -> Result<std::unique_ptr<block::Device>> {
+    return std::unique_ptr<block::Device>(std::make_unique<FakeDevice>(bytes));
+  };
+  return oo;
+}
+
 // Reads the whole range and compares it with the model.
 inline void ExpectContent(Image& img, const std::vector<uint8_t>& model, uint64_t offset,
                           uint64_t len) {
