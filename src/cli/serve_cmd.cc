@@ -171,6 +171,9 @@ class ServeCommand final : public Subcommand {
     so.socket_activation = !stdio_ && socket_.empty() && !so.tcp && SocketActivated();
     so.once = once_;
     so.threads = threads_;
+    // Writes into the page cache gain nothing from running in parallel (the
+    // kernel serializes writers of one file) and do without a hand-off.
+    so.inline_cached_writes = open.cache != io::CacheMode::kNone;
     so.max_connections = max_connections_;
     if (!quiet_) so.log = [](const std::string& line) { PrintWarning(line); };
     std::vector<std::string> names;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 
 #include "nbd/fd_io.h"
@@ -210,14 +211,17 @@ Status Connection::Drop(uint64_t length) {
   return Skip(in_fd_, length - have, cancel_fd_);
 }
 
-bool Connection::RunInline(const Request& r, size_t cost) {
-  (void)cost;
+bool Connection::RunInline(const Request& r) const {
   if (r.type == kCmdFlush || r.length > options_.inline_max_bytes) return false;
-  // Only when nothing of ours is on the pool and no further request is
-  // already buffered (a low queue depth): then nothing waits behind this
-  // request, and a hand-off would only add two context switches. A client
-  // that pipelines gets its requests run in parallel on the pool.
-  return rpos_ == rend_ && on_pool_.load(std::memory_order_acquire) == 0;
+  // Nothing of ours is on the pool and no further request is buffered (a
+  // low queue depth): nothing waits behind this request, and a hand-off
+  // would only add two context switches.
+  if (rpos_ == rend_ && on_pool_.load(std::memory_order_acquire) == 0) return true;
+  // Pipelined: a cached write is cheaper here than on the pool (see
+  // ConnectionOptions::inline_cached_writes); everything else runs in
+  // parallel on the pool.
+  return options_.inline_cached_writes && r.type == kCmdWrite && !(r.flags & kCmdFlagFua) &&
+         !writes_slow_.load(std::memory_order_relaxed);
 }
 
 Status Connection::Transmit() {
@@ -255,7 +259,7 @@ Status Connection::Transmit() {
                  ? Status(Code::kIoError, "client vanished mid-request")
                  : s;
     }
-    if (RunInline(req, cost)) {
+    if (RunInline(req)) {
       Send(Execute(req, payload.span()), cost);
       continue;
     }
@@ -306,8 +310,15 @@ Status Connection::ExecuteSimple(const Request& r, std::span<const uint8_t> payl
   block::Device& dev = *export_->device;
   const bool fua = r.flags & kCmdFlagFua;
   switch (r.type) {
-    case kCmdWrite:
-      return dev.Write(r.offset, payload, block::WriteFlags{fua});
+    case kCmdWrite: {
+      if (!options_.inline_cached_writes || fua)
+        return dev.Write(r.offset, payload, block::WriteFlags{fua});
+      const auto start = std::chrono::steady_clock::now();
+      Status s = dev.Write(r.offset, payload, block::WriteFlags{fua});
+      writes_slow_.store(std::chrono::steady_clock::now() - start > options_.slow_write,
+                         std::memory_order_relaxed);
+      return s;
+    }
     case kCmdFlush:
       return dev.Flush();
     case kCmdTrim:

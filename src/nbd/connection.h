@@ -11,9 +11,10 @@
 //    this connection is running on the pool, no further request is waiting
 //    in the read-ahead buffer, it is not a FLUSH and its length is at most
 //    inline_max_bytes: no thread hand-off, which is what small requests at
-//    low queue depth cost most. Otherwise it runs on the shared WorkerPool,
-//    so pipelined requests still run in parallel. Replies go out in
-//    completion order;
+//    low queue depth cost most. With inline_cached_writes, pipelined WRITEs
+//    run on the reader too while writes stay fast (see the option).
+//    Otherwise a request runs on the shared WorkerPool, so pipelined
+//    requests still run in parallel. Replies go out in completion order;
 //  - whoever finishes a request sends its reply directly when the socket is
 //    free, without blocking (MSG_DONTWAIT); a reply the socket does not take
 //    whole, replies that find the socket busy, and every reply on a non-socket
@@ -43,6 +44,7 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -69,6 +71,18 @@ struct ConnectionOptions {
   // Largest READ/WRITE/WRITE_ZEROES/TRIM/BLOCK_STATUS length the reader runs
   // itself when the connection has nothing on the pool (0: never inline).
   size_t inline_max_bytes = 256u << 10;
+  // Set when writes land in the host page cache (--cache=writeback or
+  // unsafe): then a WRITE without FUA of at most inline_max_bytes also runs
+  // on the reader when other requests are pipelined. The kernel serializes
+  // buffered writers of one file on its inode lock, so running such writes
+  // in parallel buys little, while handing each to the pool costs a wake-up
+  // and two context switches (4 KiB writes at QD16: 0.5 context switches per
+  // write fall to 0.03, and IOPS rise 10-30%; docs/performance.md).
+  bool inline_cached_writes = false;
+  // A write that took longer than this waited for something (a read from an
+  // uncached backing file, dirty-page throttling): pipelined writes then go
+  // to the pool, in parallel, until a write runs fast again.
+  std::chrono::microseconds slow_write{200};
   // Receives one line per notable event (client gone, protocol violation).
   std::function<void(const std::string&)> log;
 };
@@ -115,7 +129,7 @@ class Connection {
   Status Buffer(size_t need);
   Status TakeInto(std::span<uint8_t> out);
   Status Drop(uint64_t length);
-  bool RunInline(const Request& r, size_t cost);
+  bool RunInline(const Request& r) const;
 
   // Flow control.
   size_t Cost(const Request& r) const;
@@ -160,6 +174,8 @@ class Connection {
 
   // Requests of this connection queued or running on the pool.
   std::atomic<size_t> on_pool_{0};
+  // The last timed write took longer than options_.slow_write.
+  std::atomic<bool> writes_slow_{false};
 
   // The write mutex: guards the queue of replies waiting for the writer and
   // the right to write to out_fd_.

@@ -287,6 +287,7 @@ Status RunServer(const ServeOptions& options, std::vector<Export> exports) {
   so.once = options.once;
   so.max_connections = options.max_connections;
   so.connection.max_inflight_bytes = options.max_inflight_bytes;
+  so.connection.inline_cached_writes = options.inline_cached_writes;
   so.connection.log = options.log;
   TD_ASSIGN_OR_RETURN(std::unique_ptr<Server> server,
                       Server::Create(std::move(exports), so));

@@ -146,6 +146,7 @@ struct ServeOptions {
   size_t threads = 0;              // worker threads; 0: one per CPU
   size_t max_connections = 0;      // clients at once; 0: no limit
   size_t max_inflight_bytes = 64u << 20;        // per connection
+  bool inline_cached_writes = false;  // ConnectionOptions::inline_cached_writes
   std::function<void(const std::string&)> log;  // diagnostics; nullptr: silent
   // Called once the listeners are open, before serving (pid files, tests).
   std::function<void(Server&)> on_ready;

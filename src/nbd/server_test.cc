@@ -261,6 +261,46 @@ TEST_F(ServerTest, RequestsRunInParallelAndRepliesComeAsTheyComplete) {
   EXPECT_LT(read_position, 12);
 }
 
+TEST_F(ServerTest, PipelinedCachedWritesRunOnTheReader) {
+  ServerOptions options;
+  options.threads = 8;
+  options.connection.inline_cached_writes = true;
+  options.connection.slow_write = std::chrono::seconds(30);  // never slow here
+  Start(options);
+  auto c = Open("disk", true);
+  constexpr int kWrites = 64;
+  for (int i = 0; i < kWrites; ++i) {
+    ASSERT_TRUE(
+        c->SendRequest(0, kCmdWrite, i, uint64_t(i) * 4096, 4096, Pattern(4096, uint8_t(i)))
+            .ok());
+  }
+  for (int i = 0; i < kWrites; ++i) {
+    auto r = c->ReadReply();
+    ASSERT_TRUE(r.has_value()) << r.status().ToString();
+    EXPECT_EQ(r->error, 0u);
+  }
+  auto contents = disk_->Contents();
+  for (int i = 0; i < kWrites; ++i) {
+    auto want = Pattern(4096, uint8_t(i));
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), contents.begin() + i * 4096)) << i;
+  }
+  // No write went to the 8 pool threads: all ran on the connection's reader.
+  EXPECT_EQ(disk_->write_threads(), 1u);
+  EXPECT_EQ(disk_->max_concurrent_writes(), 1u);
+}
+
+TEST_F(ServerTest, SlowCachedWritesGoBackToThePool) {
+  ServerOptions options;
+  options.threads = 8;
+  options.connection.inline_cached_writes = true;  // slow_write: the default
+  Start(options);
+  disk_->set_write_delay_ms(50);  // every write waits, as if for a disk
+  auto c = Open("disk", true);
+  // The first slow write sends the rest to the pool, where they overlap.
+  EXPECT_GT(PipelineWrites(*c, *disk_, 12), 2u);
+  EXPECT_GT(disk_->write_threads(), 2u);
+}
+
 TEST_F(ServerTest, OptionListAndExportNameOverSocket) {
   Start();
   auto c = Connect();

@@ -40,10 +40,16 @@ Status MemoryDevice::Write(uint64_t offset, std::span<const uint8_t> buf,
   --concurrent_writes_;
   if (flags.fua) ++fua_writes_;
   std::lock_guard<std::mutex> lock(mu_);
+  write_threads_.insert(std::this_thread::get_id());
   std::copy(buf.begin(), buf.end(), data_.begin() + offset);
   for (uint64_t b = offset / kBlock; b * kBlock < offset + buf.size(); ++b)
     allocated_[b] = true;
   return Status::Ok();
+}
+
+size_t MemoryDevice::write_threads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return write_threads_.size();
 }
 
 void MemoryDevice::ZeroRange(uint64_t offset, uint64_t length, bool unmap) {

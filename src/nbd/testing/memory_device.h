@@ -10,6 +10,8 @@
 
 #include <atomic>
 #include <mutex>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "block/device.h"
@@ -40,6 +42,8 @@ class MemoryDevice : public block::Device {
   size_t fua_writes() const { return fua_writes_.load(); }
   // The most Write calls that were ever running at the same time.
   size_t max_concurrent_writes() const { return max_concurrent_writes_.load(); }
+  // How many different threads have called Write.
+  size_t write_threads() const;
   void set_fail_reads(bool fail) { fail_reads_ = fail; }
   // WriteZeroes with fast_only fails with kNotSupported (a device that
   // cannot zero quickly).
@@ -56,6 +60,7 @@ class MemoryDevice : public block::Device {
   mutable std::mutex mu_;
   std::vector<uint8_t> data_;    // guarded by mu_
   std::vector<bool> allocated_;  // per kBlock, guarded by mu_
+  std::set<std::thread::id> write_threads_;  // guarded by mu_
   std::atomic<size_t> flushes_{0};
   std::atomic<size_t> fua_writes_{0};
   std::atomic<bool> fail_reads_{false};
