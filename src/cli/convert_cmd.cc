@@ -16,15 +16,16 @@
 #include "cli/common.h"
 #include "cli/image_create.h"
 #include "qcow2/image.h"
+#include "qcow2/measure.h"
 
 namespace thindisk::cli {
 namespace {
 
-// Bytes read from the source per step.
-constexpr uint64_t kCopyChunk = 2ull << 20;
-// Zero detection grain inside a chunk: a run of zeros this large is not
-// written (qemu-img convert's default -S is 4 KiB).
-constexpr uint64_t kSparseGrain = 4096;
+// Bytes read from the source per step, and the zero detection grain inside
+// a chunk (a run of zeros this large is not written; qemu-img convert's
+// default -S is 4 KiB). `measure` replays the same grain (qcow2/measure.h).
+constexpr uint64_t kCopyChunk = qcow2::kConvertChunk;
+constexpr uint64_t kSparseGrain = qcow2::kConvertSparseGrain;
 // Parallel compression: clusters per unit of work, and at most this many
 // threads (the machine's CPUs otherwise).
 constexpr uint64_t kCompressRun = 16;
