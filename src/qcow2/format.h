@@ -3,6 +3,11 @@
 // Written from the qcow2 specification (docs/interop/qcow2.txt in QEMU).
 // Field names follow the specification. Everything decoded from bytes is
 // untrusted and validated against the named limits below before use.
+//
+// This header holds the header codec (fixed fields, extensions, backing
+// name) and the limits; it includes the other two codecs, so one include
+// gives all of the format: table entries (L1, L2, refcount) in
+// qcow2/table_entry.h and the snapshot table in qcow2/snapshot_table.h.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "qcow2/snapshot_table.h"
+#include "qcow2/table_entry.h"
 #include "util/result.h"
 
 namespace thindisk::qcow2 {
@@ -128,81 +135,5 @@ Result<std::vector<uint8_t>> EncodeHeader(const Header& h);
 
 // The feature name table thindisk writes into every v3 header it creates.
 std::vector<FeatureName> DefaultFeatureNames();
-
-// ---- L1 / L2 entries ----
-
-inline constexpr uint64_t kOffsetMask = 0x00fffffffffffe00ull;  // bits 9-55
-inline constexpr uint64_t kCopied = 1ull << 63;                // refcount == 1
-inline constexpr uint64_t kCompressed = 1ull << 62;
-inline constexpr uint64_t kZeroFlag = 1ull << 0;  // standard L2 only (v3)
-inline constexpr uint64_t kL1Reserved = 0x7f000000000001ffull;  // must be zero
-
-// L1 entry: offset of the L2 table (0 = unallocated) and the COPIED flag.
-inline uint64_t L1Offset(uint64_t entry) { return entry & kOffsetMask; }
-
-enum class ClusterKind : uint8_t {
-  kUnallocated,  // reads from backing, or zeros
-  kZero,         // reads as zeros (standard L2 zero flag; host offset may be kept)
-  kNormal,       // data at host_offset (extended L2: per-subcluster state applies)
-  kCompressed,   // compressed data at host_offset, compressed_size bytes
-};
-
-struct L2Mapping {
-  ClusterKind kind = ClusterKind::kUnallocated;
-  uint64_t host_offset = 0;      // cluster-aligned for kNormal/kZero; byte offset if compressed
-  uint64_t compressed_size = 0;  // kCompressed: bytes to read starting at host_offset
-  bool copied = false;
-  // Extended L2 only: bit i of alloc = subcluster i allocated; bit i of zero
-  // = subcluster i reads as zeros.
-  uint32_t alloc_bitmap = 0;
-  uint32_t zero_bitmap = 0;
-};
-
-// Decodes one L2 entry (and, for extended L2, its bitmap word). Validates
-// reserved bits, alignment of host offsets (kCorrupt: "unaligned L2 entry").
-// For compressed clusters the offset/size split depends on cluster_bits.
-Result<L2Mapping> DecodeL2Entry(uint64_t entry, uint64_t bitmap, bool extended_l2,
-                                uint32_t cluster_bits);
-// Inverse of DecodeL2Entry: returns {entry, bitmap}.
-struct L2Words {
-  uint64_t entry = 0;
-  uint64_t bitmap = 0;
-};
-L2Words EncodeL2Entry(const L2Mapping& m, bool extended_l2, uint32_t cluster_bits);
-
-// ---- refcounts ----
-
-// Reads/writes entry `index` of a refcount block of width 2^refcount_order
-// bits (big-endian, spec layout). REQUIRES: index within the block, value fits.
-uint64_t GetRefcount(std::span<const uint8_t> block, uint32_t refcount_order, uint64_t index);
-void SetRefcount(std::span<uint8_t> block, uint32_t refcount_order, uint64_t index,
-                 uint64_t value);
-inline uint64_t MaxRefcount(uint32_t refcount_order) {
-  return refcount_order == 6 ? ~0ull : (1ull << (1u << refcount_order)) - 1;
-}
-
-// ---- snapshots ----
-
-struct Snapshot {
-  uint64_t l1_table_offset = 0;
-  uint32_t l1_size = 0;
-  std::string id;  // unique id string
-  std::string name;
-  uint32_t date_sec = 0;
-  uint32_t date_nsec = 0;
-  uint64_t vm_clock_nsec = 0;
-  uint32_t vm_state_size = 0;
-  // Extra data (spec: >= 16 bytes in v3): large vm state size, disk size,
-  // icount; kept verbatim beyond what we interpret.
-  uint64_t vm_state_size_large = 0;
-  uint64_t disk_size = 0;
-  std::vector<uint8_t> extra;  // full extra data as read (or built)
-};
-
-// Decodes `nb_snapshots` entries from the table bytes. Validates lengths,
-// alignment (entries are 8-byte aligned), l1 offsets cluster-aligned.
-Result<std::vector<Snapshot>> DecodeSnapshotTable(std::span<const uint8_t> bytes,
-                                                  uint32_t nb_snapshots, uint32_t cluster_bits);
-std::vector<uint8_t> EncodeSnapshotTable(const std::vector<Snapshot>& snapshots);
 
 }  // namespace thindisk::qcow2
