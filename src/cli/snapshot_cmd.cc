@@ -1,18 +1,15 @@
 // thindisk snapshot: qemu-img snapshot (-c create, -l list, -a apply,
 // -d delete) on internal qcow2 snapshots; same list table, plus
 // --output=json shaped like the "snapshots" array of qemu-img info.
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <CLI/CLI.hpp>
-#include <cerrno>
-#include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/snapshot_table.h"
+#include "io/qemu_lock.h"
 #include "io/storage.h"
 #include "qcow2/image.h"
 #include "qcow2/snapshot.h"
@@ -21,56 +18,6 @@ namespace thindisk::cli {
 namespace {
 
 using Json = nlohmann::ordered_json;
-
-// qemu's image locks (file-posix "lock bytes"): a user of an image holds
-// shared OFD locks on byte 100 + p for each permission p it holds and on
-// 200 + p for each it refuses to share (p: 0 consistent read, 1 write,
-// 2 write unchanged, 3 resize). Holding them makes qemu refuse to open the
-// image for writing while we change it, and finding any of them held
-// tells us someone (qemu-nbd, a VM) uses the image right now.
-constexpr off_t kLockBase = 100;
-constexpr off_t kLockSpan = 200;  // bytes 100..299
-constexpr int kLockedPermissions = 4;
-
-class ImageLock {
- public:
-  ~ImageLock() {
-    if (fd_ >= 0) close(fd_);
-  }
-
-  Status Acquire(const std::string& path) {
-    fd_ = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd_ < 0) return Status::FromErrno(errno, path);
-    struct flock probe {};
-    probe.l_type = F_WRLCK;  // conflicts with any lock another user holds
-    probe.l_whence = SEEK_SET;
-    probe.l_start = kLockBase;
-    probe.l_len = kLockSpan;
-    if (fcntl(fd_, F_OFD_GETLK, &probe) != 0) {
-      // Filesystems without OFD locks: nothing to coordinate with.
-      return errno == EINVAL || errno == ENOLCK ? Status::Ok()
-                                                : Status::FromErrno(errno, path);
-    }
-    if (probe.l_type != F_UNLCK) {
-      return Status::Busy(
-          path + ": the image is in use by another process (qemu locks are held)");
-    }
-    for (off_t base : {kLockBase, kLockBase + 100}) {
-      struct flock lk {};
-      lk.l_type = F_RDLCK;
-      lk.l_whence = SEEK_SET;
-      lk.l_start = base;
-      lk.l_len = kLockedPermissions;
-      if (fcntl(fd_, F_OFD_SETLK, &lk) != 0) {
-        return Status::Busy(path + ": cannot lock the image", errno);
-      }
-    }
-    return Status::Ok();
-  }
-
- private:
-  int fd_ = -1;
-};
 
 class SnapshotCommand final : public Subcommand {
  public:
@@ -109,8 +56,17 @@ class SnapshotCommand final : public Subcommand {
       return Status::NotSupported(filename_ + ": this image format (" + format +
                                   ") does not support internal snapshots");
     }
-    ImageLock lock;
-    if (write) TD_RETURN_IF_ERROR(lock.Acquire(filename_));
+    // Changing the image: hold qemu's image lock so that no qemu process
+    // (qemu-nbd, a VM) uses it meanwhile, and refuse if one does now.
+    std::optional<io::QemuImageLock> lock;
+    if (write) {
+      auto locked = io::QemuImageLock::Acquire(filename_, io::QemuLockMode::kShared);
+      if (locked) {
+        lock = std::move(*locked);
+      } else if (locked.error().code() != Code::kNotSupported) {
+        return locked.error();
+      }  // else no OFD locks on this filesystem: nothing to coordinate with
+    }
     io::OpenOptions io_options;
     io_options.read_only = !write;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,

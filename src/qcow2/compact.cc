@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "io/qemu_lock.h"
 #include "qcow2/check.h"
 #include "qcow2/format.h"
 #include "util/endian.h"
@@ -385,12 +386,6 @@ Result<CompactStats> CompactImage(io::Storage& src, io::Storage& dst,
 
 namespace {
 
-// qemu's image locks: one byte per permission at 100 + bit and one per
-// "shared permission not granted" at 200 + bit. A write lock over all of
-// them conflicts with any qemu user and keeps new ones out.
-constexpr off_t kLockStart = 100;
-constexpr off_t kLockLength = 200;
-
 // Closes the fd when it goes out of scope.
 struct Fd {
   int fd = -1;
@@ -398,21 +393,6 @@ struct Fd {
     if (fd >= 0) ::close(fd);
   }
 };
-
-Status LockExclusive(int fd, const std::string& path) {
-  struct flock fl {};
-  fl.l_type = F_WRLCK;
-  fl.l_whence = SEEK_SET;
-  fl.l_start = kLockStart;
-  fl.l_len = kLockLength;
-  if (::fcntl(fd, F_OFD_SETLK, &fl) == 0) return Status::Ok();
-  int e = errno;
-  if (e == EAGAIN || e == EACCES) {
-    return Status::Busy(path + ": image is in use (locked by another process); compact needs "
-                               "the image offline", e);
-  }
-  return Status::FromErrno(e, path + ": locking");
-}
 
 std::string DirOf(const std::string& path) {
   size_t slash = path.rfind('/');
@@ -453,13 +433,16 @@ Result<CompactStats> BuildTemp(const std::string& path, const std::string& temp,
 }  // namespace
 
 Result<CompactStats> CompactFile(const std::string& path, const CompactFileOptions& options) {
-  // 1. Lock the original for the whole operation.
-  Fd lock;
-  lock.fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (lock.fd < 0) return Status::FromErrno(errno, path);
-  TD_RETURN_IF_ERROR(LockExclusive(lock.fd, path));
+  // 1. Lock the original for the whole operation, exclusively: no qemu
+  // process may use it now or open it until we are done.
+  auto lock = io::QemuImageLock::Acquire(path, io::QemuLockMode::kExclusive);
+  if (!lock) {
+    const Status& s = lock.error();
+    if (s.code() != Code::kBusy) return s;
+    return Status::Busy(s.message() + "; compact needs the image offline", s.error_number());
+  }
   struct stat st {};
-  if (::fstat(lock.fd, &st) != 0) return Status::FromErrno(errno, path + ": stat");
+  if (::fstat(lock->fd(), &st) != 0) return Status::FromErrno(errno, path + ": stat");
   if (options.on_step) options.on_step(CompactStep::kLocked);
 
   // 2. The new image, beside the original (same file system: rename is

@@ -1,0 +1,209 @@
+#include "io/qemu_lock.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+
+namespace thindisk::io {
+namespace {
+
+constexpr QemuLockMode kModes[] = {QemuLockMode::kShared, QemuLockMode::kExclusive};
+
+std::string Name(QemuLockMode m) {
+  return m == QemuLockMode::kShared ? "shared" : "exclusive";
+}
+
+class QemuLockTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/td_qemu_lock_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    path_ = dir_ + "/disk.img";
+    std::ofstream(path_) << std::string(4096, 'x');
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  // The lock type another open file description sees on [start, start+len)
+  // when it asks for `want` (F_UNLCK: nobody holds a conflicting lock).
+  short Probe(short want, off_t start, off_t len) {
+    int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    EXPECT_GE(fd, 0);
+    struct flock fl {};
+    fl.l_type = want;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = start;
+    fl.l_len = len;
+    EXPECT_EQ(::fcntl(fd, F_OFD_GETLK, &fl), 0);
+    ::close(fd);
+    return fl.l_type;
+  }
+
+  std::string dir_, path_;
+};
+
+TEST_F(QemuLockTest, AnySecondHolderIsBusyWhateverTheModes) {
+  for (QemuLockMode first : kModes) {
+    for (QemuLockMode second : kModes) {
+      SCOPED_TRACE(Name(first) + " then " + Name(second));
+      auto held = QemuImageLock::Acquire(path_, first);
+      ASSERT_TRUE(held.has_value()) << held.error().ToString();
+      auto other = QemuImageLock::Acquire(path_, second);
+      ASSERT_FALSE(other.has_value());
+      EXPECT_EQ(other.error().code(), Code::kBusy) << other.error().ToString();
+      EXPECT_NE(other.error().message().find(path_ + ": the image is in use"),
+                std::string::npos)
+          << other.error().message();
+    }
+  }
+}
+
+TEST_F(QemuLockTest, SharedHoldsQemusPermissionBytes) {
+  auto held = QemuImageLock::Acquire(path_, QemuLockMode::kShared);
+  ASSERT_TRUE(held.has_value()) << held.error().ToString();
+  for (off_t base : {kQemuLockPermBase, kQemuLockSharedBase}) {
+    for (off_t p = 0; p < kQemuLockPermissions; ++p) {
+      // Shared: another reader may lock the byte too, a writer may not.
+      EXPECT_EQ(Probe(F_RDLCK, base + p, 1), F_UNLCK) << base + p;
+      EXPECT_EQ(Probe(F_WRLCK, base + p, 1), F_RDLCK) << base + p;
+    }
+    EXPECT_EQ(Probe(F_WRLCK, base + kQemuLockPermissions, 1), F_UNLCK)
+        << "no lock beyond the four permissions at " << base;
+  }
+}
+
+TEST_F(QemuLockTest, ExclusiveCoversTheWholeRange) {
+  auto held = QemuImageLock::Acquire(path_, QemuLockMode::kExclusive);
+  ASSERT_TRUE(held.has_value()) << held.error().ToString();
+  EXPECT_EQ(Probe(F_RDLCK, kQemuLockPermBase, 1), F_WRLCK);
+  EXPECT_EQ(Probe(F_RDLCK, kQemuLockPermBase + kQemuLockSpan - 1, 1), F_WRLCK);
+  EXPECT_EQ(Probe(F_RDLCK, kQemuLockPermBase - 1, 1), F_UNLCK);
+  EXPECT_EQ(Probe(F_RDLCK, kQemuLockPermBase + kQemuLockSpan, 1), F_UNLCK);
+}
+
+TEST_F(QemuLockTest, LocksGoAwayWithTheFd) {
+  for (QemuLockMode mode : kModes) {
+    SCOPED_TRACE(Name(mode));
+    std::optional<QemuImageLock> held;
+    {
+      auto first = QemuImageLock::Acquire(path_, mode);
+      ASSERT_TRUE(first.has_value()) << first.error().ToString();
+      held = std::move(*first);  // the moved-from object must not release it
+    }
+    EXPECT_FALSE(QemuImageLock::Acquire(path_, QemuLockMode::kExclusive).has_value());
+    held.reset();
+    auto again = QemuImageLock::Acquire(path_, QemuLockMode::kExclusive);
+    EXPECT_TRUE(again.has_value()) << again.error().ToString();
+  }
+}
+
+TEST_F(QemuLockTest, LocksGoAwayWhenTheHolderExits) {
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    auto held = QemuImageLock::Acquire(path_, QemuLockMode::kExclusive);
+    char c = held.has_value() ? 'y' : 'n';
+    (void)!::write(ready[1], &c, 1);
+    ::pause();  // until the parent kills us, holding the lock
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  char c = 0;
+  ssize_t n = ::read(ready[0], &c, 1);
+  ::close(ready[0]);
+  auto busy = QemuImageLock::Acquire(path_, QemuLockMode::kShared);
+  ::kill(pid, SIGKILL);  // before any assertion can return early
+  ASSERT_EQ(::waitpid(pid, nullptr, 0), pid);
+  ASSERT_EQ(n, 1);
+  ASSERT_EQ(c, 'y') << "the child could not take the lock";
+  ASSERT_FALSE(busy.has_value()) << "the child's lock was not seen";
+  EXPECT_EQ(busy.error().code(), Code::kBusy);
+  auto after = QemuImageLock::Acquire(path_, QemuLockMode::kShared);
+  EXPECT_TRUE(after.has_value()) << after.error().ToString();
+}
+
+TEST_F(QemuLockTest, MissingFileIsNotFound) {
+  for (QemuLockMode mode : kModes) {
+    auto r = QemuImageLock::Acquire(dir_ + "/missing.img", mode);
+    ASSERT_FALSE(r.has_value());
+    EXPECT_EQ(r.error().code(), Code::kNotFound) << r.error().ToString();
+  }
+}
+
+// ---- against qemu itself ----
+
+struct ToolRun {
+  int exit_code = -1;
+  std::string output;
+};
+
+class QemuLockInteropTest : public QemuLockTest {
+ protected:
+  void SetUp() override {
+    QemuLockTest::SetUp();
+    if (std::system(
+            "qemu-img --version >/dev/null 2>&1 && qemu-io --version >/dev/null 2>&1") !=
+        0) {
+      if (std::getenv("CI") || std::getenv("THINDISK_REQUIRE_TOOLS")) {
+        FAIL() << "qemu-img and qemu-io are required";
+      }
+      GTEST_SKIP() << "qemu-img or qemu-io not installed";
+    }
+    path_ = dir_ + "/disk.qcow2";
+    ASSERT_EQ(Sh("qemu-img create -q -f qcow2 " + path_ + " 1M").exit_code, 0);
+  }
+
+  ToolRun Sh(const std::string& cmd) {
+    const std::string log = dir_ + "/cmd.log";
+    int status = std::system((cmd + " >" + log + " 2>&1").c_str());
+    ToolRun r;
+    r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    std::ifstream f(log);
+    std::stringstream s;
+    s << f.rdbuf();
+    r.output = s.str();
+    return r;
+  }
+  ToolRun Info() { return Sh("qemu-img info " + path_); }
+  ToolRun Write() { return Sh("qemu-io -f qcow2 -c 'write 0 512' " + path_); }
+};
+
+TEST_F(QemuLockInteropTest, QemuIsRefusedInEitherModeAndWelcomeAfter) {
+  for (QemuLockMode mode : kModes) {
+    SCOPED_TRACE(Name(mode));
+    {
+      auto held = QemuImageLock::Acquire(path_, mode);
+      ASSERT_TRUE(held.has_value()) << held.error().ToString();
+      ToolRun info = Info();
+      EXPECT_NE(info.exit_code, 0) << info.output;
+      EXPECT_NE(info.output.find("lock"), std::string::npos) << info.output;
+      ToolRun write = Write();
+      EXPECT_NE(write.exit_code, 0) << write.output;
+      EXPECT_NE(write.output.find("lock"), std::string::npos) << write.output;
+      // -U shares everything but still needs consistent read to read data:
+      // refused; info -U needs no permission at all: let through.
+      ToolRun shared_read = Sh("qemu-io -r -U -f qcow2 -c 'read 0 512' " + path_);
+      EXPECT_NE(shared_read.exit_code, 0) << shared_read.output;
+      ToolRun shared_info = Sh("qemu-img info -U " + path_);
+      EXPECT_EQ(shared_info.exit_code, 0) << shared_info.output;
+    }
+    ToolRun info = Info();
+    EXPECT_EQ(info.exit_code, 0) << info.output;
+    ToolRun write = Write();
+    EXPECT_EQ(write.exit_code, 0) << write.output;
+    EXPECT_NE(write.output.find("wrote 512/512"), std::string::npos) << write.output;
+  }
+}
+
+}  // namespace
+}  // namespace thindisk::io
