@@ -59,17 +59,21 @@ inline MemImage Reopen(MemImage& m, OpenOptions oo = {}) {
   return r;
 }
 
+// Immutable bytes shared by the fake backing devices of many opens.
+using SharedBytes = std::shared_ptr<const std::vector<uint8_t>>;
+
 // A block::Device over a byte vector: the stand-in for a backing image.
 class FakeDevice : public block::Device {
  public:
-  explicit FakeDevice(std::vector<uint8_t> bytes) : bytes_(std::move(bytes)) {
-    info_.format = "raw";
-  }
-  uint64_t size() const override { return bytes_.size(); }
+  explicit FakeDevice(std::vector<uint8_t> bytes)
+      : FakeDevice(std::make_shared<const std::vector<uint8_t>>(std::move(bytes))) {}
+  // Shares `bytes` (never written) instead of copying them.
+  explicit FakeDevice(SharedBytes bytes) : bytes_(std::move(bytes)) { info_.format = "raw"; }
+  uint64_t size() const override { return bytes_->size(); }
   const block::DeviceInfo& info() const override { return info_; }
   Status Read(uint64_t offset, std::span<uint8_t> buf) override {
-    if (offset + buf.size() > bytes_.size()) return Status::OutOfRange("fake read");
-    std::memcpy(buf.data(), bytes_.data() + offset, buf.size());
+    if (offset + buf.size() > bytes_->size()) return Status::OutOfRange("fake read");
+    std::memcpy(buf.data(), bytes_->data() + offset, buf.size());
     return Status::Ok();
   }
   Status Write(uint64_t, std::span<const uint8_t>, block::WriteFlags) override {
@@ -83,7 +87,7 @@ class FakeDevice : public block::Device {
   Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override {
     block::Extent e;
     e.offset = offset;
-    e.length = std::min<uint64_t>(max_length, bytes_.size() - offset);
+    e.length = std::min<uint64_t>(max_length, bytes_->size() - offset);
     e.data = true;
     e.present = true;
     return e;
@@ -92,12 +96,13 @@ class FakeDevice : public block::Device {
   Status Close() override { return Status::Ok(); }
 
  private:
-  std::vector<uint8_t> bytes_;
+  SharedBytes bytes_;
   block::DeviceInfo info_;
 };
 
-// Open options whose backing file, whatever its name, is `bytes`.
-inline OpenOptions BackedBy(std::vector<uint8_t> bytes, bool read_only = false) {
+// Open options whose backing file, whatever its name, is `bytes` (shared by
+// every device the options open).
+inline OpenOptions BackedBy(SharedBytes bytes, bool read_only = false) {
   OpenOptions oo;
   oo.read_only = read_only;
   oo.open_backing = [bytes = std::move(bytes)](const std::string&, const std::string&)
@@ -105,6 +110,10 @@ inline OpenOptions BackedBy(std::vector<uint8_t> bytes, bool read_only = false) 
     return std::unique_ptr<block::Device>(std::make_unique<FakeDevice>(bytes));
   };
   return oo;
+}
+
+inline OpenOptions BackedBy(std::vector<uint8_t> bytes, bool read_only = false) {
+  return BackedBy(std::make_shared<const std::vector<uint8_t>>(std::move(bytes)), read_only);
 }
 
 // Reads the whole range and compares it with the model.

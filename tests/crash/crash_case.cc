@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 
@@ -16,6 +15,7 @@
 #include "io/memory_storage.h"
 #include "qcow2/check.h"
 #include "qcow2/image.h"
+#include "qcow2/image_test_util.h"
 
 namespace thindisk::crash {
 namespace {
@@ -28,57 +28,16 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 29);
 }
 
-// A read-only raw backing file over shared bytes.
-class BackingDevice : public block::Device {
- public:
-  explicit BackingDevice(const std::vector<uint8_t>& bytes) : bytes_(bytes) {
-    info_.format = "raw";
-    info_.read_only = true;
-  }
-  uint64_t size() const override { return bytes_.size(); }
-  const block::DeviceInfo& info() const override { return info_; }
-  Status Read(uint64_t offset, std::span<uint8_t> buf) override {
-    if (offset > bytes_.size() || buf.size() > bytes_.size() - offset) {
-      return Status::OutOfRange("backing read past the end");
-    }
-    std::memcpy(buf.data(), bytes_.data() + offset, buf.size());
-    return Status::Ok();
-  }
-  Status Write(uint64_t, std::span<const uint8_t>, block::WriteFlags) override {
-    return Status::ReadOnly("backing");
-  }
-  Status WriteZeroes(uint64_t, uint64_t, block::ZeroFlags) override {
-    return Status::ReadOnly("backing");
-  }
-  Status Discard(uint64_t, uint64_t) override { return Status::ReadOnly("backing"); }
-  Status Flush() override { return Status::Ok(); }
-  Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override {
-    block::Extent e;
-    e.offset = offset;
-    e.length = std::min<uint64_t>(max_length, bytes_.size() - offset);
-    e.data = true;
-    e.present = true;
-    return e;
-  }
-  Status Resize(uint64_t, bool) override { return Status::NotSupported("backing"); }
-  Status Close() override { return Status::Ok(); }
-
- private:
-  const std::vector<uint8_t>& bytes_;
-  block::DeviceInfo info_;
-};
-
 qcow2::OpenOptions OpenOptionsFor(const Geometry& g, const std::vector<uint8_t>& backing,
                                   uint64_t cache_bytes) {
   qcow2::OpenOptions o;
-  o.cache_bytes = cache_bytes;
   if (g.backing_size) {
-    const std::vector<uint8_t>* bytes = &backing;
-    o.open_backing = [bytes](const std::string&, const std::string&)
-        -> Result<std::unique_ptr<block::Device>> {
-      return std::unique_ptr<block::Device>(new BackingDevice(*bytes));
-    };
+    // BackingBytes lives as long as the process: the backing devices share
+    // it without owning it (an empty owner), and nothing is copied.
+    using qcow2::testing::SharedBytes;
+    o = qcow2::testing::BackedBy(SharedBytes(SharedBytes(), &backing));
   }
+  o.cache_bytes = cache_bytes;
   return o;
 }
 
