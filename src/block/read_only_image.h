@@ -8,8 +8,10 @@
 // and GetStatus, calling CheckRead / StatusEnd first.
 //
 // PlainStatus serves formats whose data sits in one run of a host file
-// (fixed VHD, flat VMDK extents): host holes read as zeros, so they are
-// reported as zero extents without data, as for raw files.
+// (raw files, fixed VHD, flat VMDK extents): host holes read as zeros, so
+// they are reported as zero extents without data. CheckRange and
+// StatusRangeEnd are the range checks every driver's requests share (raw
+// uses them too).
 //
 // Thread safety: all methods may be called concurrently (block::Device).
 #pragma once
@@ -31,6 +33,29 @@ namespace thindisk::block {
 // when one is opened for writing.
 inline std::string ReadOnlyFormatMessage(const std::string& format) {
   return format + " images are read-only in thindisk (import with convert)";
+}
+
+// kOutOfRange unless [offset, offset+length) lies inside a device of `size`
+// bytes.
+inline Status CheckRange(uint64_t size, uint64_t offset, uint64_t length) {
+  if (offset > size || length > size - offset) {
+    return Status::OutOfRange("request [" + std::to_string(offset) + ", +" +
+                              std::to_string(length) + ") ends past the device size " +
+                              std::to_string(size));
+  }
+  return Status::Ok();
+}
+
+// The end of a GetStatus answer on a device of `size` bytes: offset +
+// max_length clipped to the size. Errors: offset at or past the end, an
+// empty range.
+inline Result<uint64_t> StatusRangeEnd(uint64_t size, uint64_t offset, uint64_t max_length) {
+  if (offset >= size) {
+    return Status::OutOfRange("block status at " + std::to_string(offset) +
+                              " is past the device size " + std::to_string(size));
+  }
+  if (max_length == 0) return Status::InvalidArgument("block status of an empty range");
+  return offset + std::min(max_length, size - offset);
 }
 
 class ReadOnlyImage : public Device {
@@ -61,24 +86,14 @@ class ReadOnlyImage : public Device {
   // kOutOfRange unless [offset, offset+length) lies inside the device.
   Status CheckRead(uint64_t offset, uint64_t length) const {
     TD_RETURN_IF_ERROR(CheckOpen());
-    if (offset > size_ || length > size_ - offset) {
-      return Status::OutOfRange("request [" + std::to_string(offset) + ", +" +
-                                std::to_string(length) + ") ends past the device size " +
-                                std::to_string(size_));
-    }
-    return Status::Ok();
+    return CheckRange(size_, offset, length);
   }
 
   // The end of a GetStatus answer: offset + max_length clipped to the size.
   // Errors: closed, offset at or past the end, an empty range.
   Result<uint64_t> StatusEnd(uint64_t offset, uint64_t max_length) const {
     TD_RETURN_IF_ERROR(CheckOpen());
-    if (offset >= size_) {
-      return Status::OutOfRange("block status at " + std::to_string(offset) +
-                                " is past the device size " + std::to_string(size_));
-    }
-    if (max_length == 0) return Status::InvalidArgument("block status of an empty range");
-    return offset + std::min(max_length, size_ - offset);
+    return StatusRangeEnd(size_, offset, max_length);
   }
 
  private:
@@ -106,7 +121,8 @@ inline Result<Extent> PlainStatus(io::Storage& storage, uint64_t offset, uint64_
   TD_ASSIGN_OR_RETURN(uint64_t next_data, storage.NextData(host_offset));
   if (next_data <= host_offset) {
     TD_ASSIGN_OR_RETURN(uint64_t next_hole, storage.NextHole(host_offset));
-    // A storage that can't tell reports data to the end.
+    // A storage that can't tell reports data to the end; a hole at or
+    // before host_offset would contradict NextData, so it is the end too.
     uint64_t stop = next_hole > host_offset ? std::min(next_hole, host_end) : host_end;
     e.length = stop - host_offset;
     e.data = true;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <vector>
 
+#include "block/read_only_image.h"
+
 namespace thindisk::raw {
 
 namespace {
@@ -40,13 +42,7 @@ RawImage::~RawImage() {
 }
 
 Status RawImage::CheckRange(uint64_t offset, uint64_t length) const {
-  uint64_t size = size_.load();
-  if (offset > size || length > size - offset) {
-    return Status::OutOfRange("request [" + std::to_string(offset) + ", +" +
-                              std::to_string(length) + ") ends past the device size " +
-                              std::to_string(size));
-  }
-  return Status::Ok();
+  return block::CheckRange(size_.load(), offset, length);
 }
 
 Status RawImage::CheckWritable() const {
@@ -111,36 +107,9 @@ Status RawImage::Flush() {
 
 Result<block::Extent> RawImage::GetStatus(uint64_t offset, uint64_t max_length) {
   if (closed_.load()) return Status::InvalidArgument(info_.filename + ": device is closed");
-  uint64_t size = size_.load();
-  if (offset >= size) {
-    return Status::OutOfRange("block status at " + std::to_string(offset) +
-                              " is past the device size " + std::to_string(size));
-  }
-  uint64_t end = offset + std::min(max_length, size - offset);
-  if (end == offset) return Status::InvalidArgument("block status of an empty range");
-
-  TD_ASSIGN_OR_RETURN(uint64_t next_data, storage_->NextData(offset));
-  block::Extent e;
-  e.offset = offset;
-  e.depth = 0;
-  e.present = true;
-  if (next_data <= offset) {
-    TD_ASSIGN_OR_RETURN(uint64_t next_hole, storage_->NextHole(offset));
-    // A storage that can't tell reports "data to the end"; a hole at or
-    // before offset would contradict NextData, so treat it as the end.
-    uint64_t stop = next_hole > offset ? std::min(next_hole, end) : end;
-    e.length = stop - offset;
-    e.data = true;
-    e.zero = false;
-  } else {
-    e.length = std::min(next_data, end) - offset;
-    e.data = false;
-    e.zero = true;
-  }
-  // Guest offset N is host offset N for holes too; qemu reports it the same.
-  e.has_host_offset = true;
-  e.host_offset = offset;
-  return e;
+  TD_ASSIGN_OR_RETURN(uint64_t end, block::StatusRangeEnd(size_.load(), offset, max_length));
+  // Guest offset N is host offset N, for holes too (qemu reports it the same).
+  return block::PlainStatus(*storage_, offset, offset, end - offset);
 }
 
 Status RawImage::Resize(uint64_t new_size, bool shrink) {
