@@ -1,6 +1,8 @@
 // The server over real sockets, driven byte by byte (testing/raw_client.h):
 // every command, the structured and simple reply paths, and hostile
 // clients, checking exact error codes and that the server keeps serving.
+// (The fixture: testing/server_fixture.h; flow control, concurrency and
+// clients that stop reading: server_flow_test.cc.)
 #include "nbd/server.h"
 
 #include <gtest/gtest.h>
@@ -10,70 +12,23 @@
 #include <algorithm>
 #include <chrono>
 #include <random>
-#include <set>
 #include <thread>
 
 #include "nbd/fd_io.h"
 #include "nbd/protocol.h"
 #include "nbd/testing/memory_device.h"
 #include "nbd/testing/raw_client.h"
-#include "nbd/testing/test_server.h"
+#include "nbd/testing/server_fixture.h"
 #include "util/endian.h"
 
 namespace thindisk::nbd {
 namespace {
 
+using testing::kSize;
 using testing::MemoryDevice;
+using testing::Pattern;
 using testing::RawClient;
-using testing::TestServer;
-
-constexpr uint64_t kSize = 1 << 20;
-
-std::vector<uint8_t> Pattern(size_t n, uint8_t seed) {
-  std::vector<uint8_t> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = uint8_t(seed + i * 7);
-  return v;
-}
-
-class ServerTest : public ::testing::Test {
- protected:
-  void Start(ServerOptions options = {}) {
-    disk_ = std::make_shared<MemoryDevice>(kSize);
-    ro_ = std::make_shared<MemoryDevice>(65536);
-    std::vector<Export> exports = {{"disk", "scratch disk", disk_, false},
-                                   {"ro", "read-only disk", ro_, true}};
-    server_ = std::make_unique<TestServer>(std::move(exports), std::move(options));
-  }
-  std::unique_ptr<RawClient> Connect() {
-    auto c = RawClient::ConnectUnix(server_->socket_path());
-    EXPECT_TRUE(c.has_value()) << c.status().ToString();
-    return std::move(*c);
-  }
-  // A client in transmission phase on `name`.
-  std::unique_ptr<RawClient> Open(const std::string& name, bool structured,
-                                  const std::vector<std::string>& contexts = {}) {
-    auto c = Connect();
-    auto n = c->Handshake(name, structured, contexts);
-    EXPECT_TRUE(n.has_value()) << n.status().ToString();
-    return c;
-  }
-  // Proves the server still serves: a fresh client reads what is there.
-  void ExpectStillServing() {
-    auto c = Open("disk", true);
-    ASSERT_TRUE(c->SendRequest(0, kCmdRead, 99, 0, 4096).ok());
-    std::vector<uint8_t> out(4096, 0xee);
-    auto err = c->ReadStructuredRead(0, &out);
-    ASSERT_TRUE(err.has_value()) << err.status().ToString();
-    EXPECT_EQ(*err, 0u);
-    std::vector<uint8_t> want = disk_->Contents();
-    want.resize(4096);
-    EXPECT_EQ(out, want);
-  }
-
-  std::shared_ptr<MemoryDevice> disk_;
-  std::shared_ptr<MemoryDevice> ro_;
-  std::unique_ptr<TestServer> server_;
-};
+using testing::ServerTest;
 
 TEST_F(ServerTest, WriteThenReadWithSimpleReplies) {
   Start();
@@ -206,99 +161,6 @@ TEST_F(ServerTest, DeviceStatusesBecomeNbdErrors) {
   auto ok = c->ReadReply(512);
   EXPECT_EQ(ok->handle, 5u);  // still in sync after the error
   EXPECT_EQ(ok->error, 0u);
-}
-
-// On a structured-reply client, sends `count` pipelined 32K writes and a read, and checks
-// every reply arrives and every write landed. Returns the device's peak write
-// concurrency.
-// *read_position gets the read's place in the order replies arrived.
-size_t PipelineWrites(RawClient& c, MemoryDevice& disk, int count,
-                      int* read_position = nullptr) {
-  for (int i = 0; i < count; ++i) {
-    EXPECT_TRUE(c.SendRequest(0, kCmdWrite, 100 + i, uint64_t(i) * 32768, 32768,
-                              Pattern(32768, uint8_t(i)))
-                    .ok());
-  }
-  EXPECT_TRUE(c.SendRequest(0, kCmdRead, 500, 0, 512).ok());
-  std::set<uint64_t> handles;
-  for (int i = 0; i < count + 1; ++i) {
-    auto r = c.ReadReply();  // structured: the read's data is in its chunk
-    EXPECT_TRUE(r.has_value()) << r.status().ToString();
-    if (!r.has_value()) break;
-    EXPECT_EQ(r->error, 0u);
-    if (r->handle == 500 && read_position) *read_position = i;
-    handles.insert(r->handle);
-  }
-  EXPECT_EQ(handles.size(), size_t(count + 1));
-  auto contents = disk.Contents();
-  for (int i = 0; i < count; ++i) {
-    auto want = Pattern(32768, uint8_t(i));
-    EXPECT_TRUE(std::equal(want.begin(), want.end(), contents.begin() + i * 32768)) << i;
-  }
-  return disk.max_concurrent_writes();
-}
-
-TEST_F(ServerTest, InflightBytesCapLimitsConcurrency) {
-  ServerOptions options;
-  options.threads = 8;
-  options.connection.max_inflight_bytes = 64 * 1024;  // two 32K writes at a time
-  Start(options);
-  disk_->set_write_delay_ms(50);
-  auto c = Open("disk", true);
-  EXPECT_LE(PipelineWrites(*c, *disk_, 12), 2u);  // the cap, not the 8 threads, limits
-}
-
-TEST_F(ServerTest, RequestsRunInParallelAndRepliesComeAsTheyComplete) {
-  ServerOptions options;
-  options.threads = 8;
-  Start(options);
-  disk_->set_write_delay_ms(50);
-  auto c = Open("disk", true);
-  int read_position = -1;
-  EXPECT_GT(PipelineWrites(*c, *disk_, 12, &read_position), 2u);  // parallel
-  // The read was sent last but does not wait for slow writes ahead of it.
-  EXPECT_GE(read_position, 0);
-  EXPECT_LT(read_position, 12);
-}
-
-TEST_F(ServerTest, PipelinedCachedWritesRunOnTheReader) {
-  ServerOptions options;
-  options.threads = 8;
-  options.connection.inline_cached_writes = true;
-  options.connection.slow_write = std::chrono::seconds(30);  // never slow here
-  Start(options);
-  auto c = Open("disk", true);
-  constexpr int kWrites = 64;
-  for (int i = 0; i < kWrites; ++i) {
-    ASSERT_TRUE(
-        c->SendRequest(0, kCmdWrite, i, uint64_t(i) * 4096, 4096, Pattern(4096, uint8_t(i)))
-            .ok());
-  }
-  for (int i = 0; i < kWrites; ++i) {
-    auto r = c->ReadReply();
-    ASSERT_TRUE(r.has_value()) << r.status().ToString();
-    EXPECT_EQ(r->error, 0u);
-  }
-  auto contents = disk_->Contents();
-  for (int i = 0; i < kWrites; ++i) {
-    auto want = Pattern(4096, uint8_t(i));
-    EXPECT_TRUE(std::equal(want.begin(), want.end(), contents.begin() + i * 4096)) << i;
-  }
-  // No write went to the 8 pool threads: all ran on the connection's reader.
-  EXPECT_EQ(disk_->write_threads(), 1u);
-  EXPECT_EQ(disk_->max_concurrent_writes(), 1u);
-}
-
-TEST_F(ServerTest, SlowCachedWritesGoBackToThePool) {
-  ServerOptions options;
-  options.threads = 8;
-  options.connection.inline_cached_writes = true;  // slow_write: the default
-  Start(options);
-  disk_->set_write_delay_ms(50);  // every write waits, as if for a disk
-  auto c = Open("disk", true);
-  // The first slow write sends the rest to the pool, where they overlap.
-  EXPECT_GT(PipelineWrites(*c, *disk_, 12), 2u);
-  EXPECT_GT(disk_->write_threads(), 2u);
 }
 
 TEST_F(ServerTest, OptionListAndExportNameOverSocket) {
@@ -488,67 +350,6 @@ TEST_F(ServerTest, ClientVanishingBeforeItsReply) {
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   disk_->set_write_delay_ms(0);
   ExpectStillServing();
-}
-
-TEST_F(ServerTest, ClientThatNeverReadsRepliesStallsOnlyItself) {
-  ServerOptions options;
-  options.threads = 2;
-  options.drain_timeout = std::chrono::milliseconds(300);
-  Start(options);
-  ASSERT_TRUE(disk_->Write(0, Pattern(kSize, 3), {}).ok());
-  auto greedy = Open("disk", false);
-  // 64 x 1 MiB of reads and never a reply read: socket buffers fill up and
-  // its writer blocks; the shared worker threads must not.
-  for (int i = 0; i < 64; ++i)
-    ASSERT_TRUE(greedy->SendRequest(0, kCmdRead, i, 0, 1 << 20).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  ExpectStillServing();
-  ExpectStillServing();
-  // Shutdown is bounded by drain_timeout even with the greedy client.
-  const auto start = std::chrono::steady_clock::now();
-  EXPECT_TRUE(server_->Stop().ok());
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
-}
-
-// A device that counts reads, to see how much work a connection does.
-class CountingDevice : public MemoryDevice {
- public:
-  using MemoryDevice::MemoryDevice;
-  Status Read(uint64_t offset, std::span<uint8_t> buf) override {
-    reads_.fetch_add(1);
-    return MemoryDevice::Read(offset, buf);
-  }
-  size_t reads() const { return reads_.load(); }
-
- private:
-  std::atomic<size_t> reads_{0};
-};
-
-// A client that pipelines many reads, never reads a reply and vanishes:
-// once its replies cannot be sent, the server must stop taking its queued
-// requests instead of running every one (up to 4 GiB of reads for nobody).
-TEST(ServerVanishedReader, RequestsOfAClientWhoseRepliesFailAreNotRun) {
-  auto disk = std::make_shared<CountingDevice>(kSize);
-  ASSERT_TRUE(disk->Write(0, Pattern(kSize, 5), {}).ok());
-  ServerOptions options;
-  options.connection.max_inflight_bytes = 2 << 20;
-  TestServer server({{"disk", "", disk, false}}, options);
-  auto c = RawClient::ConnectUnix(server.socket_path());
-  ASSERT_TRUE(c.has_value());
-  ASSERT_TRUE((*c)->Handshake("disk", /*structured=*/false).has_value());
-  constexpr int kReads = 96;
-  for (int i = 0; i < kReads; ++i)
-    ASSERT_TRUE((*c)->SendRequest(0, kCmdRead, i, 0, 1 << 20).ok());
-  // The in-flight cap holds the server at ~2 MiB of replies it cannot send.
-  for (int i = 0; i < 100 && disk->reads() < 2; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  const size_t before = disk->reads();
-  EXPECT_LT(before, size_t(kReads / 2));
-  c->reset();  // gone, with its requests still queued
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  EXPECT_LE(disk->reads(), before + 3) << "requests kept running after the client left";
-  EXPECT_TRUE(server.Stop().ok());
 }
 
 TEST_F(ServerTest, RandomSessionsNeverHurtTheServer) {
