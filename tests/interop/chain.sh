@@ -48,11 +48,6 @@ same_content() {  # same_content A B WHAT
   [[ $RC == 0 ]] || fail "$3: $1 and $2 differ: $(cat "$OUT" "$ERR")"
 }
 
-clean() {  # clean IMAGE...
-  local f
-  for f in "$@"; do ok "$QEMU_IMG" check "$f"; done
-}
-
 # The allocation map without host offsets (they depend on allocation order).
 map_shape() {
   ok "$QEMU_IMG" map --output=json "$1"
@@ -92,7 +87,7 @@ run_layout() {
   same_content q/mid.qcow2 t/mid.qcow2 "$name commit: mid"
   same_content orig/top.qcow2 t/top.qcow2 "$name commit: guest view"
   same_content q/top.qcow2 t/top.qcow2 "$name commit: top"
-  clean t/top.qcow2 t/mid.qcow2
+  qemu_check t/top.qcow2 t/mid.qcow2
   [[ $(map_shape t/top.qcow2 | jq '[.[] | select(.depth == 0)] | length') == 0 ]] ||
     fail "$name commit: the overlay still stores data: $(map_shape t/top.qcow2)"
 
@@ -104,7 +99,7 @@ run_layout() {
   same_content q/mid.qcow2 t/mid.qcow2 "$name commit -d: mid"
   [[ "$(map_shape t/top.qcow2 | jq -c "$own")" == "$before" ]] ||
     fail "$name commit -d: the overlay changed"
-  clean t/top.qcow2 t/mid.qcow2
+  qemu_check t/top.qcow2 t/mid.qcow2
 
   fresh "$name: commit -b BASE (through the middle layer)" "$opts" "$basefmt"
   ok "$QEMU_IMG" commit -b "$base" q/top.qcow2
@@ -112,7 +107,7 @@ run_layout() {
   same_content orig/top.qcow2 "t/$base" "$name commit -b: base holds the top's view"
   same_content "q/$base" "t/$base" "$name commit -b: base"
   same_content orig/top.qcow2 t/top.qcow2 "$name commit -b: top unchanged"
-  [[ $basefmt == raw ]] || clean "t/$base"
+  [[ $basefmt == raw ]] || qemu_check "t/$base"
 
   fresh "$name: rebase (safe) past the middle layer" "$opts" "$basefmt"
   ok "$QEMU_IMG" rebase -b "$base" -F "$basefmt" q/top.qcow2
@@ -120,7 +115,7 @@ run_layout() {
   same_content orig/top.qcow2 t/top.qcow2 "$name rebase: guest view"
   same_content q/top.qcow2 t/top.qcow2 "$name rebase: vs qemu-img"
   assert_eq "$(backing_fields q/top.qcow2)" "$(backing_fields t/top.qcow2)" "$name rebase: backing"
-  clean t/top.qcow2
+  qemu_check t/top.qcow2
   io_ok qemu-io t/top.qcow2 "read -P 3 $((2 * M)) 65536" "read -P 4 $((7 * M)) 4096" \
     "read -P 2 $((1 * M + 4096)) 4096" "read -P 0 0 65536"
 
@@ -131,19 +126,17 @@ run_layout() {
   assert_eq '{"b":null,"f":null}' "$(backing_fields t/top.qcow2)" "$name flatten: backing"
   rm -f t/mid.qcow2 "t/$base"  # it must stand alone now
   same_content q/top.qcow2 t/top.qcow2 "$name flatten: vs qemu-img"
-  clean t/top.qcow2
+  qemu_check t/top.qcow2
 
   fresh "$name: rebase -u" "$opts" "$basefmt"
   ok "$QEMU_IMG" rebase -u -b "$base" -F "$basefmt" q/top.qcow2
   td rebase -u -b "$base" -F "$basefmt" t/top.qcow2
   assert_eq "$(backing_fields q/top.qcow2)" "$(backing_fields t/top.qcow2)" "$name rebase -u"
   same_content q/top.qcow2 t/top.qcow2 "$name rebase -u: vs qemu-img"
-  clean t/top.qcow2
+  qemu_check t/top.qcow2
 
   fresh "$name: rebase onto a missing file fails and changes nothing" "$opts" "$basefmt"
-  capture "$TD" rebase -b missing.qcow2 -F qcow2 t/top.qcow2
-  [[ $RC == 1 ]] || fail "$name: rebase onto a missing file exited $RC"
-  grep -q "missing.qcow2" "$ERR" || fail "$name: error does not name the file: $(cat "$ERR")"
+  td_fails "missing.qcow2" "$name: rebase onto a missing file" rebase -b missing.qcow2 -F qcow2 t/top.qcow2
   cmp orig/top.qcow2 t/top.qcow2 || fail "$name: failed rebase modified the image"
 
   fresh "$name: amend" "$opts" "$basefmt"
@@ -158,7 +151,7 @@ run_layout() {
     jq -c '."format-specific".data, ."backing-filename"' "$OUT" >t.info
     assert_eq "$(cat q.info)" "$(cat t.info)" "$name amend -o $o: info"
     same_content orig/top.qcow2 t/top.qcow2 "$name amend -o $o: guest view"
-    clean t/top.qcow2
+    qemu_check t/top.qcow2
   done
 }
 
@@ -172,24 +165,20 @@ run_downgrade() {
   done
   assert_eq "$(cat q.info)" "$(cat t.info)" "compat=0.10: info"
   same_content orig/top.qcow2 t/top.qcow2 "compat=0.10: guest view"
-  clean t/top.qcow2
+  qemu_check t/top.qcow2
   td amend -o compat=1.1 t/top.qcow2
   ok "$QEMU_IMG" amend -o compat=1.1 q/top.qcow2
   ok "$QEMU_IMG" info --output=json t/top.qcow2
   assert_eq '"1.1"' "$(jq -c '."format-specific".data.compat' "$OUT")" "compat=1.1"
   same_content orig/top.qcow2 t/top.qcow2 "compat=1.1: guest view"
-  clean t/top.qcow2
+  qemu_check t/top.qcow2
 }
 
 run_errors() {
   log "clear errors"
   fresh "errors" "cluster_size=65536" qcow2
-  expect_error() {  # expect_error PATTERN ARGS...: thindisk fails with PATTERN on stderr
-    local pattern=$1
-    shift
-    capture "$TD" "$@"
-    [[ $RC != 0 ]] || fail "thindisk $* succeeded"
-    grep -qiE "$pattern" "$ERR" || fail "thindisk $*: error lacks '$pattern': $(cat "$ERR")"
+  expect_error() {  # expect_error PATTERN ARGS...: thindisk exits 1 with PATTERN on stderr
+    td_fails "$1" "thindisk ${*:2}" "${@:2}"
   }
   ok "$QEMU_IMG" create -f qcow2 other.qcow2 $((8 * M))
   expect_error "Did not find" commit -b missing.qcow2 t/top.qcow2

@@ -35,6 +35,18 @@ map_flag() {
     '[.[] | select(.start <= $o and $o < .start + .length)][0][$f]' "$1"
 }
 
+# holes_and_data MAPJSON WHAT: the map has no data at HOLE_OFFSETS and data
+# at DATA_OFFSETS.
+holes_and_data() {
+  local o
+  for o in "${HOLE_OFFSETS[@]}"; do
+    assert_eq false "$(map_flag "$1" "$o" data)" "$2 data at $o"
+  done
+  for o in "${DATA_OFFSETS[@]}"; do
+    assert_eq true "$(map_flag "$1" "$o" data)" "$2 data at $o"
+  done
+}
+
 # check_info IMAGE FORMAT [OPTION...]: thindisk info (given the OPTIONs)
 # names the format and the size qemu-img reports when told the format.
 check_info() {
@@ -80,13 +92,7 @@ run_case() {
   # 2. The source's own map: holes are holes.
   td map "${tf[@]}" --output=json "$img"
   cp "$OUT" "$name.src-map.json"
-  local o
-  for o in "${HOLE_OFFSETS[@]}"; do
-    assert_eq false "$(map_flag "$name.src-map.json" "$o" data)" "$img: thindisk map data at $o"
-  done
-  for o in "${DATA_OFFSETS[@]}"; do
-    assert_eq true "$(map_flag "$name.src-map.json" "$o" data)" "$img: thindisk map data at $o"
-  done
+  holes_and_data "$name.src-map.json" "$img: thindisk map"
 
   # 3. convert to qcow2: identical, clean, sparse.
   local out=$name.qcow2
@@ -96,12 +102,7 @@ run_case() {
   ok "$QEMU_IMG" check "$out"
   ok "$QEMU_IMG" map --output=json "$out"
   cp "$OUT" "$name.qemu-map.json"
-  for o in "${HOLE_OFFSETS[@]}"; do
-    assert_eq false "$(map_flag "$name.qemu-map.json" "$o" data)" "$out: qemu-img map data at $o"
-  done
-  for o in "${DATA_OFFSETS[@]}"; do
-    assert_eq true "$(map_flag "$name.qemu-map.json" "$o" data)" "$out: qemu-img map data at $o"
-  done
+  holes_and_data "$name.qemu-map.json" "$out: qemu-img map"
   td map --output=json "$out"
   # qemu splits runs that differ in fields we don't compare; join them.
   local norm='reduce (.[] | {start, length, data, zero}) as $e ([];

@@ -8,51 +8,21 @@
 #   CI or THINDISK_REQUIRE_TOOLS   a missing tool fails instead of skipping
 #
 # Exit codes: 0 pass, 1 fail, 77 skipped (ctest SKIP_RETURN_CODE).
-set -euo pipefail
 
 # This directory, for sourcing siblings after we cd into the temp dir.
 export INTEROP_DIR
 INTEROP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# fail, log, skip_or_fail, require_tool, require_thindisk, assert_eq, the
+# temp dir and the background-server helpers (serve_unix, qemu_nbd_unix,
+# stop_server, kill_server).
+# shellcheck source=../lib/common.sh
+source "$INTEROP_DIR/../lib/common.sh"
 
-TD=${THINDISK:-thindisk}
 QEMU_IMG=${QEMU_IMG:-qemu-img}
 QEMU_IO=${QEMU_IO:-qemu-io}
-TEST_NAME=$(basename "$0" .sh)
-
-fail() {
-  echo "FAIL [$TEST_NAME]: $*" >&2
-  exit 1
-}
-
-log() { echo "--- $*"; }
-
-# skip_or_fail REASON: a missing prerequisite skips locally, fails in CI.
-skip_or_fail() {
-  if [[ -n ${CI:-} || -n ${THINDISK_REQUIRE_TOOLS:-} ]]; then
-    fail "$* (CI/THINDISK_REQUIRE_TOOLS set: missing tools are failures)"
-  fi
-  echo "SKIP [$TEST_NAME]: $*" >&2
-  exit 77
-}
-
-# require_tool NAME...: each must be an executable path or on PATH.
-require_tool() {
-  local t
-  for t in "$@"; do
-    command -v "$t" >/dev/null 2>&1 || skip_or_fail "required tool not found: $t"
-  done
-}
-
-require_thindisk() {
-  [[ -x $TD ]] || command -v "$TD" >/dev/null 2>&1 || skip_or_fail "thindisk binary not built: $TD"
-}
 
 # Scripts run inside a fresh temporary directory, removed on exit.
-[[ $TD == */* ]] && TD=$(realpath "$TD")
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/thindisk-$TEST_NAME-XXXXXX")
-cleanup() { cd /; rm -rf "$TMP"; }
-trap cleanup EXIT
-cd "$TMP"
+enter_temp_dir thindisk
 
 # Last command's captured output, for assertions and messages.
 OUT=$TMP/.out
@@ -106,8 +76,22 @@ io_ok() {
   fi
 }
 
-assert_eq() {  # assert_eq EXPECTED ACTUAL WHAT
-  [[ $1 == "$2" ]] || fail "$3: expected '$1', got '$2'"
+# td_fails PATTERN WHAT ARGS...: `thindisk ARGS` must exit 1 with PATTERN
+# (grep -E; "" for any message) on stderr.
+td_fails() {
+  local pattern=$1 what=$2
+  shift 2
+  capture "$TD" "$@"
+  if [[ $RC -ne 1 ]] || { [[ -n $pattern ]] && ! grep -qE -- "$pattern" "$ERR"; }; then
+    fail "$what: exit $RC, $(cat "$ERR")"
+  fi
+}
+
+# qemu_check IMAGE...: `qemu-img check` exits 0 on each (no corruption, no
+# leaks).
+qemu_check() {
+  local f
+  for f in "$@"; do ok "$QEMU_IMG" check "$f"; done
 }
 
 assert_same_bytes() {  # assert_same_bytes A B WHAT

@@ -1,5 +1,7 @@
 # shellcheck shell=bash disable=SC2034,SC2178  # MODELn are used through namerefs
-# The shared workload of the interop scripts and a model of what it leaves.
+# The shared workload of the interop scripts, a model of what it leaves, and
+# the configuration matrix that qemu_to_thindisk.sh and thindisk_to_qemu.sh
+# run it on (run_matrix, begin_case/end_case at the end).
 #
 # layer_ops LAYER C S prints one operation per line for layer LAYER (0 = base
 # or a lone image, 1 = mid, 2 = top) of an image with cluster size C and
@@ -95,4 +97,66 @@ model_reads() {
       run_start=$i
     fi
   done
+}
+
+# The configurations qemu_to_thindisk.sh and thindisk_to_qemu.sh run. The
+# full product (5 cluster sizes x extended_l2 x compat x refcount_bits x
+# compression x backing) is ~100 valid combinations; these rows cover every
+# value of every axis, every pair of (cluster size, compat), extended L2 at
+# 64K/128K/2M, each refcount width at the small and the large cluster
+# sizes, and both compression types with and without extended L2.
+#   cluster  ext  compat  refbits  compression
+MATRIX=(
+  "512     off  1.1   1   zlib"
+  "512     off  0.10  16  zlib"
+  "512     off  1.1   64  zstd"
+  "4096    off  1.1   64  zstd"
+  "4096    off  0.10  16  zlib"
+  "65536   on   1.1   1   zlib"
+  "65536   off  1.1   16  zstd"
+  "65536   off  0.10  16  zlib"
+  "131072  on   1.1   16  zstd"
+  "131072  off  1.1   64  zlib"
+  "2097152 on   1.1   64  zstd"
+  "2097152 off  1.1   1   zlib"
+  "2097152 off  0.10  16  zlib"
+)
+
+# run_matrix FUNC: FUNC C EXT COMPAT REFBITS COMPRESSION CHAIN for every row
+# of MATRIX, with CHAIN 0 (a lone image) and 1 (base <- mid <- top); sets
+# ROWS to the number of rows run. MATRIX_FILTER=regex runs only the
+# matching rows (local debugging).
+run_matrix() {
+  local row c ext compat refbits comp
+  ROWS=0
+  for row in "${MATRIX[@]}"; do
+    [[ -n ${MATRIX_FILTER:-} && ! $row =~ $MATRIX_FILTER ]] && continue
+    read -r c ext compat refbits comp <<<"$row"
+    "$1" "$c" "$ext" "$compat" "$refbits" "$comp" 0
+    "$1" "$c" "$ext" "$compat" "$refbits" "$comp" 1
+    ROWS=$((ROWS + 1))
+  done
+}
+
+# begin_case C EXT COMPAT REFBITS COMPRESSION CHAIN: one matrix case starts
+# in its own directory under $TMP (the working directory until end_case).
+# Sets CASE_NAME, CASE_SIZE (>= 14 clusters and 1 MiB, plus an unaligned
+# 1536-byte tail), CASE_OPTS (the qcow2 -o string) and empties the model.
+begin_case() {
+  CASE_NAME="c$1-ext_$2-compat$3-rc$4-$5-chain$6"
+  CASE_DIR=$TMP/$CASE_NAME
+  mkdir -p "$CASE_DIR"
+  cd "$CASE_DIR" || fail "cd $CASE_DIR"
+  log "$CASE_NAME"
+  CASE_SIZE=$((14 * $1))
+  ((CASE_SIZE < 1048576)) && CASE_SIZE=1048576
+  CASE_SIZE=$((CASE_SIZE + 1536))
+  CASE_OPTS=$(qcow2_opts "$1" "$2" "$3" "$4" "$5")
+  model_init "$CASE_SIZE"
+}
+
+# end_case: back to $TMP, the case's directory removed.
+end_case() {
+  cd "$TMP" || fail "cd $TMP"
+  rm -rf "$CASE_DIR"
 }

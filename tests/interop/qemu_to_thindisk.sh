@@ -2,31 +2,8 @@
 # qemu writes, thindisk reads: images created and filled by qemu-img/qemu-io
 # 7.2 must read back through `thindisk io` exactly as modelled, and
 # `thindisk convert -O raw` must produce the same bytes as `qemu-img convert`.
-#
-# Matrix. The full product (5 cluster sizes x extended_l2 x compat x
-# refcount_bits x compression x backing) is ~100 valid combinations; the rows
-# below cover every value of every axis, every pair of (cluster size, compat),
-# extended L2 at 64K/128K/2M, each refcount width at the small and the large
-# cluster sizes, and both compression types with and without extended L2.
-# Each row runs twice: a lone image and a base <- mid <- top chain. This
-# keeps the script around a minute.
-#   cluster  ext  compat  refbits  compression
-MATRIX=(
-  "512     off  1.1   1   zlib"
-  "512     off  0.10  16  zlib"
-  "512     off  1.1   64  zstd"
-  "4096    off  1.1   64  zstd"
-  "4096    off  0.10  16  zlib"
-  "65536   on   1.1   1   zlib"
-  "65536   off  1.1   16  zstd"
-  "65536   off  0.10  16  zlib"
-  "131072  on   1.1   16  zstd"
-  "131072  off  1.1   64  zlib"
-  "2097152 on   1.1   64  zstd"
-  "2097152 off  1.1   1   zlib"
-  "2097152 off  0.10  16  zlib"
-)
-
+# Every row of MATRIX (model.sh) runs twice: a lone image and a
+# base <- mid <- top chain. This keeps the script around a minute.
 source "$(dirname "$0")/lib.sh"
 source "$INTEROP_DIR/model.sh"
 require_tool "$QEMU_IMG" "$QEMU_IO" cmp
@@ -60,18 +37,9 @@ qemu_layer() {
 }
 
 run_case() {
-  local c=$1 ext=$2 compat=$3 refbits=$4 comp=$5 chain=$6
-  local name="c${c}-ext_${ext}-compat${compat}-rc${refbits}-${comp}-chain${chain}"
-  local dir=$TMP/$name
-  mkdir -p "$dir"
-  cd "$dir" || fail "cd $dir"
-  log "$name"
-  local size=$((14 * c))
-  ((size < 1048576)) && size=1048576
-  size=$((size + 1536))  # an unaligned tail
-  local opts
-  opts=$(qcow2_opts "$c" "$ext" "$compat" "$refbits" "$comp")
-  model_init "$size"
+  local c=$1 compat=$3 chain=$6
+  begin_case "$@"
+  local name=$CASE_NAME size=$CASE_SIZE opts=$CASE_OPTS
 
   local top=0 img=top.qcow2
   if [[ $chain == 1 ]]; then
@@ -100,17 +68,8 @@ run_case() {
   td convert -O raw "$img" thindisk.raw
   assert_eq "$size" "$(stat -c %s thindisk.raw)" "$name: size of thindisk convert output"
   assert_same_bytes qemu.raw thindisk.raw "$name: thindisk convert vs qemu-img convert"
-  cd "$TMP" || fail "cd $TMP"
-  rm -rf "$dir"
+  end_case
 }
 
-# MATRIX_FILTER=regex runs only the matching rows (local debugging).
-ROWS=0
-for row in "${MATRIX[@]}"; do
-  [[ -n ${MATRIX_FILTER:-} && ! $row =~ $MATRIX_FILTER ]] && continue
-  read -r c ext compat refbits comp <<<"$row"
-  run_case "$c" "$ext" "$compat" "$refbits" "$comp" 0
-  run_case "$c" "$ext" "$compat" "$refbits" "$comp" 1
-  ROWS=$((ROWS + 1))
-done
+run_matrix run_case
 echo "PASS [$TEST_NAME]: $ROWS configurations x {lone image, 3-level chain}"

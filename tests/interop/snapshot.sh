@@ -17,7 +17,7 @@ require_thindisk
 M=$((1 << 20))
 SIZE=$((64 * M))
 
-clean() { ok "$QEMU_IMG" check "$1"; td check "$1"; }
+clean() { qemu_check "$1"; td check "$1"; }
 
 # write_a / write_b IMAGE: the two contents the sequences switch between.
 write_a() { io_ok qemu-io "$1" "write -P 0xa1 0 4M" "write -P 0xa2 5M 100k"; }
@@ -154,30 +154,20 @@ done
 log "errors"
 new_image e.qcow2 64k
 td snapshot -c dup e.qcow2
-capture "$TD" snapshot -c dup e.qcow2
-[[ $RC -eq 1 ]] && grep -q "already exists" "$ERR" || fail "duplicate name: exit $RC, $(cat "$ERR")"
+td_fails "already exists" "duplicate name" snapshot -c dup e.qcow2
 for op in -a -d; do
-  capture "$TD" snapshot $op nope e.qcow2
-  [[ $RC -eq 1 ]] && grep -q "no snapshot 'nope'" "$ERR" || fail "unknown name ($op): exit $RC, $(cat "$ERR")"
+  td_fails "no snapshot 'nope'" "unknown name ($op)" snapshot $op nope e.qcow2
 done
 ok "$QEMU_IMG" create -q -f raw r.raw 1M
-capture "$TD" snapshot -c s r.raw
-[[ $RC -eq 1 ]] && grep -q "does not support internal snapshots" "$ERR" ||
-  fail "raw image: exit $RC, $(cat "$ERR")"
-capture "$TD" snapshot e.qcow2
-[[ $RC -eq 1 ]] || fail "no operation given: exit $RC"
+td_fails "does not support internal snapshots" "raw image" snapshot -c s r.raw
+td_fails "" "no operation given" snapshot e.qcow2
 clean e.qcow2
 
 if command -v qemu-nbd >/dev/null 2>&1; then
   log "an image in use by qemu-nbd is refused"
-  qemu-nbd -f qcow2 -k "$TMP/nbd.sock" e.qcow2 &
-  NBD_PID=$!
-  trap 'kill $NBD_PID 2>/dev/null || true; cleanup' EXIT
-  for _ in $(seq 50); do [[ -S $TMP/nbd.sock ]] && break; sleep 0.1; done
-  capture "$TD" snapshot -c busy e.qcow2
-  kill $NBD_PID
-  wait $NBD_PID 2>/dev/null || true
-  [[ $RC -eq 1 ]] && grep -q "in use" "$ERR" || fail "busy image: exit $RC, $(cat "$ERR")"
+  qemu_nbd_unix qemu-nbd "$TMP/nbd.sock" -f qcow2 e.qcow2
+  td_fails "in use" "busy image" snapshot -c busy e.qcow2
+  kill_server "$SERVER_PID"
   ok "$QEMU_IMG" snapshot -l e.qcow2
   ! grep -q busy "$OUT" || fail "snapshot created while the image was in use"
 fi

@@ -5,25 +5,8 @@
 # compare identical (`qemu-img compare`) to a raw file given the same writes
 # through qemu-io, and `qemu-img info` must agree with `thindisk info`.
 #
-# Matrix: the same covering rows as qemu_to_thindisk.sh (see there for why
-# these rows), each as a lone image and as a base <- mid <- top chain.
-#   cluster  ext  compat  refbits  compression
-MATRIX=(
-  "512     off  1.1   1   zlib"
-  "512     off  0.10  16  zlib"
-  "512     off  1.1   64  zstd"
-  "4096    off  1.1   64  zstd"
-  "4096    off  0.10  16  zlib"
-  "65536   on   1.1   1   zlib"
-  "65536   off  1.1   16  zstd"
-  "65536   off  0.10  16  zlib"
-  "131072  on   1.1   16  zstd"
-  "131072  off  1.1   64  zlib"
-  "2097152 on   1.1   64  zstd"
-  "2097152 off  1.1   1   zlib"
-  "2097152 off  0.10  16  zlib"
-)
-
+# Every row of MATRIX (model.sh) runs twice: a lone image and a
+# base <- mid <- top chain.
 source "$(dirname "$0")/lib.sh"
 source "$INTEROP_DIR/model.sh"
 require_tool "$QEMU_IMG" "$QEMU_IO" jq
@@ -66,18 +49,9 @@ qemu_accepts() {
 }
 
 run_case() {
-  local c=$1 ext=$2 compat=$3 refbits=$4 comp=$5 chain=$6
-  local name="c${c}-ext_${ext}-compat${compat}-rc${refbits}-${comp}-chain${chain}"
-  local dir=$TMP/$name
-  mkdir -p "$dir"
-  cd "$dir" || fail "cd $dir"
-  log "$name"
-  local size=$((14 * c))
-  ((size < 1048576)) && size=1048576
-  size=$((size + 1536))
-  local opts
-  opts=$(qcow2_opts "$c" "$ext" "$compat" "$refbits" "$comp")
-  model_init "$size"
+  local c=$1 chain=$6
+  begin_case "$@"
+  local name=$CASE_NAME size=$CASE_SIZE opts=$CASE_OPTS
   RAW_CMDS=()
 
   local top=0
@@ -116,17 +90,8 @@ run_case() {
     compressed=$(jq '."compressed-clusters" // 0' "$OUT")
     ((compressed > 0)) || fail "$name: convert -c stored no compressed cluster"
   fi
-  cd "$TMP" || fail "cd $TMP"
-  rm -rf "$dir"
+  end_case
 }
 
-# MATRIX_FILTER=regex runs only the matching rows (local debugging).
-ROWS=0
-for row in "${MATRIX[@]}"; do
-  [[ -n ${MATRIX_FILTER:-} && ! $row =~ $MATRIX_FILTER ]] && continue
-  read -r c ext compat refbits comp <<<"$row"
-  run_case "$c" "$ext" "$compat" "$refbits" "$comp" 0
-  run_case "$c" "$ext" "$compat" "$refbits" "$comp" 1
-  ROWS=$((ROWS + 1))
-done
+run_matrix run_case
 echo "PASS [$TEST_NAME]: $ROWS configurations x {lone image, 3-level chain}, plain and convert -c"

@@ -54,6 +54,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "test_client.h"
+
 enum { kSector = 512, kMaxZones = 32, kMaxQd = 64, kReadChunk = 1 << 20 };
 
 typedef struct {
@@ -77,12 +79,7 @@ static void Die(const char* fmt, ...) {
 
 /* ---- Patterns ---------------------------------------------------------- */
 
-static uint64_t Mix(uint64_t x) { /* splitmix64's finalizer */
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+static uint64_t Mix(uint64_t x) { return SplitMix64(&x); } /* a pure hash of x */
 
 static uint64_t rng_state = 1;
 static uint64_t Rand(void) { return rng_state = Mix(rng_state); }
@@ -153,12 +150,6 @@ static uint64_t LastIndex(const char* path) {
     if (sscanf(line, "%3s %" SCNu64, tag, &idx) == 2 && idx > last) last = idx;
   fclose(f);
   return last;
-}
-
-static struct nbd_handle* Connect(const char* uri) {
-  struct nbd_handle* h = nbd_create();
-  if (!h || nbd_connect_uri(h, uri) == -1) Die("connect %s: %s", uri, nbd_get_error());
-  return h;
 }
 
 /* ---- Writers ------------------------------------------------------------ */
@@ -564,7 +555,7 @@ int main(int argc, char** argv) {
   const char *mode = argv[1], *uri = argv[2], *log_path = argv[3];
   seed = strtoull(argv[4], NULL, 0);
   ParseZones(argv[5]);
-  struct nbd_handle* h = Connect(uri);
+  struct nbd_handle* h = ConnectOrExit(uri, 0);
   int rc;
   if (!strcmp(mode, "verify") && argc == 6) {
     rc = VerifyMode(h, log_path);
@@ -582,7 +573,7 @@ int main(int argc, char** argv) {
     if (log_fd < 0) Die("open %s: %s", log_path, strerror(errno));
     if (!getenv("CRASH_CLIENT_SAME_SERVER")) Log("S\n");
     const char* ready = getenv("CRASH_CLIENT_READY"); /* connected: tell the script */
-    if (ready) close(open(ready, O_WRONLY | O_CREAT, 0644));
+    if (ready) TouchFile(ready);
     if (!strcmp(mode, "run") && argc == 8) {
       int qd = atoi(argv[7]);
       if (qd < 1 || qd > kMaxQd) Die("QD must be 1..%d", kMaxQd);

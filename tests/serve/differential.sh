@@ -46,10 +46,8 @@ for mode in "${MODES[@]}"; do
   cp orig.qcow2 q.qcow2
   cp orig.qcow2 t.qcow2
   # shellcheck disable=SC2086
-  qemu-nbd -f qcow2 $qopts -k "$TMP/q.sock" -t q.qcow2 >qemu-nbd.log 2>&1 &
-  qpid=$!
-  SERVER_PIDS+=("$qpid")
-  wait_for_socket "$TMP/q.sock"
+  qemu_nbd_unix qemu-nbd "$TMP/q.sock" -f qcow2 $qopts -t q.qcow2
+  qpid=$SERVER_PID
   # shellcheck disable=SC2086
   serve_unix t t.sock -f qcow2 $topts t.qcow2
   tpid=$SERVER_PID
@@ -63,8 +61,7 @@ for mode in "${MODES[@]}"; do
     "$(grep -vE '^[0-9a-f]{8}:' q.out | sed 's/;.*//' | sort)"
 
   stop_server "$tpid" t
-  kill -TERM "$qpid"
-  wait "$qpid" || true
+  kill_server "$qpid"
   check_clean t.qcow2
   qemu-img compare -f qcow2 -F qcow2 q.qcow2 t.qcow2 >cmp.out 2>&1 ||
     { cat cmp.out >&2; fail "final content differs from qemu-nbd's"; }

@@ -11,25 +11,16 @@
 # Needs root (mount -t tmpfs); skips otherwise unless CI is set.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-img nbdinfo mount umount fallocate
-[[ -n ${CRASH_CLIENT:-} && -x ${CRASH_CLIENT:-} ]] ||
-  skip_or_fail "crash client not built (libnbd-dev missing?)"
+require_client CRASH_CLIENT
 
-SEED=${THINDISK_SEED:-$(((RANDOM << 30) ^ (RANDOM << 15) ^ RANDOM))}
-fail() {
-  echo "FAIL [$TEST_NAME]: $*" >&2
-  echo "reproduce with THINDISK_SEED=$SEED" >&2
-  exit 1
-}
-echo "seed: THINDISK_SEED=$SEED"
+random_seed
 
 MNT=$TMP/mnt
 mkdir "$MNT"
 mount -t tmpfs -o size=64m tmpfs "$MNT" 2>mount.err ||
   skip_or_fail "cannot mount a tmpfs here: $(cat mount.err)"
 unmount_and_cleanup() {
-  local p
-  for p in "${SERVER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  for p in "${SERVER_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  kill_servers # nothing may hold the tmpfs
   umount "$MNT" 2>/dev/null || umount -l "$MNT" || true
   cleanup
 }
@@ -49,10 +40,7 @@ live_check() { # IMAGE: qemu-img's view of the live image, leaks allowed
   qemu-img check -U -f qcow2 "$1" >qcheck.out 2>&1 || rc=$?
   [[ $rc == 0 || $rc == 3 ]] || { cat qcheck.out >&2; fail "qemu-img check -U $1 exited $rc ($2)"; }
 }
-verify() { # SOCKET LOG WHEN
-  "$CRASH_CLIENT" verify "$(uri "$1")" "$2" "$SEED" "$ALL_ZONES" >verify.out 2>verify.err ||
-    { cat verify.err >&2; fail "verify $3"; }
-}
+verify() { crash_verify "$1" "$2" "$ALL_ZONES" "verify $3"; } # SOCKET LOG WHEN
 
 # cycle NAME SERVER_OPTIONS...: one fill-fail-recover cycle on a fresh image
 # (a clone of $BACKING when that is set).
@@ -124,15 +112,8 @@ cycle() {
   fallocate -l $(($(avail) - 4 * M)) "$MNT/filler"
   out=$("$CRASH_CLIENT" seq "$(uri "$name-stop.sock")" "$hlog" "$SEED" "$EXTRA_ZONE" $((256 << 10)))
   [[ $out == first_error=28\ * ]] || fail "$name: filling the disk again: $out"
-  kill -TERM "$pid"
-  local i
-  for ((i = 0; i < 600; i++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.05
-  done
-  kill -0 "$pid" 2>/dev/null && fail "$name: no exit within 30s of SIGTERM on a full disk"
-  rc=0
-  wait "$pid" || rc=$?
+  terminate "$pid" "$name-stop (on a full disk)"
+  rc=$STOP_RC
   [[ $rc == 0 ]] || grep -q "No space left" "$name-stop.err" ||
     fail "$name: exited $rc on a full disk without saying why: $(cat "$name-stop.err")"
   live_check "$img" "after stopping on a full disk"

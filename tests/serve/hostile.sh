@@ -4,8 +4,7 @@
 # HOSTILE_CLIENT is tests/serve/hostile_client.c, built by CMake.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-io
-[[ -n ${HOSTILE_CLIENT:-} && -x ${HOSTILE_CLIENT:-} ]] ||
-  skip_or_fail "hostile client not built (libnbd-dev missing?)"
+require_client HOSTILE_CLIENT
 
 SIZE=$((64 << 20))
 "$TD" create -f qcow2 disk.qcow2 $SIZE >/dev/null

@@ -17,28 +17,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int failures = 0;
-
-#define CHECK(cond, ...)                          \
-  do {                                            \
-    if (!(cond)) {                                \
-      fprintf(stderr, "FAIL: " __VA_ARGS__);      \
-      fprintf(stderr, "\n");                      \
-      failures++;                                 \
-    }                                             \
-  } while (0)
+#include "test_client.h"
 
 static struct nbd_handle* Connect(const char* uri, int strict, int meta) {
-  struct nbd_handle* h = nbd_create();
-  if (h == NULL) {
-    fprintf(stderr, "nbd_create: %s\n", nbd_get_error());
-    exit(1);
-  }
-  if (meta && nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1) exit(1);
-  if (nbd_connect_uri(h, uri) == -1) {
-    fprintf(stderr, "connect %s: %s\n", uri, nbd_get_error());
-    exit(1);
-  }
+  struct nbd_handle* h = ConnectOrExit(uri, meta);
   if (!strict && nbd_set_strict_mode(h, 0) == -1) exit(1);
   return h;
 }

@@ -15,8 +15,7 @@
 # docs/serve-limits.md, shut down cleanly and leave a clean image.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-img qemu-io
-[[ -n ${HOSTILE_SCALE_CLIENT:-} && -x ${HOSTILE_SCALE_CLIENT:-} ]] ||
-  skip_or_fail "hostile scale client not built (libnbd-dev missing?)"
+require_client HOSTILE_SCALE_CLIENT
 HC=$HOSTILE_SCALE_CLIENT
 
 SIZE=$((128 << 20))

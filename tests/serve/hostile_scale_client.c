@@ -47,6 +47,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "test_client.h"
+
 #define kMaxPayload (32u << 20) /* src/nbd/protocol.h kMaxPayloadLength */
 #define kOptGo 7
 #define kOptList 3
@@ -60,16 +62,6 @@
 #define kCmdDisc 2
 #define kCmdTrim 4
 #define kCmdWriteZeroes 6
-
-static int failures = 0;
-#define CHECK(cond, ...)                     \
-  do {                                       \
-    if (!(cond)) {                           \
-      fprintf(stderr, "FAIL: " __VA_ARGS__); \
-      fprintf(stderr, "\n");                 \
-      failures++;                            \
-    }                                        \
-  } while (0)
 
 /* ---- raw protocol helpers ---- */
 
@@ -237,16 +229,12 @@ static int Good(char** argv) {
   const uint64_t region = strtoull(argv[1], NULL, 10);
   const char* stop = argv[2];
   const double deadline = NowMs() + 1e3 * atof(argv[3]);
-  struct nbd_handle* h = nbd_create();
-  if (h == NULL || nbd_connect_uri(h, argv[0]) == -1) {
-    fprintf(stderr, "good: connect: %s\n", nbd_get_error());
-    return 1;
-  }
+  struct nbd_handle* h = ConnectOrExit(argv[0], 0);
   unsigned char* model = calloc(1, region);
   unsigned char* buf = malloc(256 << 10);
   char ready[4096];
   snprintf(ready, sizeof ready, "%s.ready", stop);
-  close(open(ready, O_CREAT | O_WRONLY | O_CLOEXEC, 0644));
+  TouchFile(ready);
   uint64_t ops = 0;
   double max_ms = 0;
   uint64_t max_kind = 0;

@@ -21,18 +21,11 @@
 # the requests are not); THINDISK_KILLS=N sets the number of kills (50).
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-img
-[[ -n ${CRASH_CLIENT:-} && -x ${CRASH_CLIENT:-} ]] ||
-  skip_or_fail "crash client not built (libnbd-dev missing?)"
+require_client CRASH_CLIENT
 
-SEED=${THINDISK_SEED:-$(((RANDOM << 30) ^ (RANDOM << 15) ^ RANDOM))}
+random_seed
 KILLS=${THINDISK_KILLS:-50}
 RANDOM=$((SEED & 0x7fffffff)) # the script's own choices follow the seed too
-fail() {
-  echo "FAIL [$TEST_NAME]: $*" >&2
-  echo "reproduce with THINDISK_SEED=$SEED" >&2
-  exit 1
-}
-echo "seed: THINDISK_SEED=$SEED"
 
 # An 8 GiB image (128 KiB clusters by default: one L2 table per GiB), written
 # in five 1 MiB zones: the start, across the first L2 boundary, an unaligned
@@ -68,10 +61,7 @@ checks() {
 }
 
 # verify SOCKET LOG: (c) and (d) through the running server.
-verify() {
-  "$CRASH_CLIENT" verify "$(uri "$1")" "$2" "$SEED" "$ZONES" >verify.out 2>verify.err ||
-    { cat verify.err >&2; fail "verify after round $ROUND (log $2)"; }
-}
+verify() { crash_verify "$1" "$2" "$ZONES" "verify after round $ROUND (log $2)"; }
 
 ROUND=0 MID_WRITE=0
 # rounds IMAGE LOG COUNT: COUNT kill-restart-verify cycles on IMAGE.
@@ -118,6 +108,7 @@ rounds() {
     fi
     kill -KILL "$SERVER_PID" 2>/dev/null || true
     wait "$SERVER_PID" 2>/dev/null || true
+    forget_server "$SERVER_PID"
     for ((c = 0; c < ${#cpids[@]}; c++)); do
       crc=0
       wait "${cpids[c]}" || crc=$?
@@ -190,8 +181,7 @@ finish clone.qcow2 clone.log
 # The clone's crashes never touched its base.
 check_clean base.qcow2
 serve_unix base-ro base-ro.sock -r base.qcow2
-"$CRASH_CLIENT" verify "$(uri base-ro.sock)" base.log "$SEED" "$ZONES" >verify.out 2>verify.err ||
-  { cat verify.err >&2; fail "the base image changed"; }
+crash_verify base-ro.sock base.log "$ZONES" "the base image changed"
 stop_server "$SERVER_PID" base-ro
 
 log "kill: ok ($ROUND kills, $MID_WRITE clients cut mid-workload, seed $SEED)"

@@ -1,105 +1,54 @@
+# shellcheck shell=bash
 # Helpers for the `thindisk serve` scripts. Source it first:
 #   source "$(dirname "$0")/lib.sh"
+# It sources tests/lib/common.sh (fail, log, skip_or_fail, require_tool,
+# assert_eq, the temp dir and serve_unix/start_server/stop_server/
+# qemu_nbd_unix/kill_server) and adds what only these scripts use.
 #
 # Environment (set by tests/serve/CMakeLists.txt; defaults for running by hand):
 #   THINDISK        the thindisk binary (the real one: the tests start it)
-#   HOSTILE_CLIENT  the libnbd hostile client (hostile.sh only)
+#   HOSTILE_CLIENT, STRESS_CLIENT, HOSTILE_SCALE_CLIENT, CRASH_CLIENT
+#                   the C clients of this folder (require_client)
 #   CI or THINDISK_REQUIRE_TOOLS   a missing tool fails instead of skipping
 #
 # Exit codes: 0 pass, 1 fail, 77 skipped. Servers listen on Unix sockets in
 # the test's temp dir (or 127.0.0.1) and are killed when the script exits.
-set -euo pipefail
-
-TD=${THINDISK:-thindisk}
-TEST_NAME=$(basename "$0" .sh)
 SERVE_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=../lib/common.sh
+source "$SERVE_DIR/../lib/common.sh"
 
-fail() {
-  echo "FAIL [$TEST_NAME]: $*" >&2
-  exit 1
-}
-log() { echo "--- $*"; }
+require_thindisk
+enter_temp_dir td-serve
 
-skip_or_fail() {
-  if [[ -n ${CI:-} || -n ${THINDISK_REQUIRE_TOOLS:-} ]]; then
-    fail "$* (CI/THINDISK_REQUIRE_TOOLS set: missing tools are failures)"
-  fi
-  echo "SKIP [$TEST_NAME]: $*" >&2
-  exit 77
+# require_client VAR: the C client named by environment variable VAR (set by
+# CMake when libnbd-dev was found) must be built.
+require_client() {
+  local path=${!1:-}
+  [[ -n $path && -x $path ]] || skip_or_fail "$1 not built (libnbd-dev missing?)"
 }
 
-require_tool() {
-  local t
-  for t in "$@"; do
-    command -v "$t" >/dev/null 2>&1 || skip_or_fail "required tool not found: $t"
-  done
+# random_seed: SEED is THINDISK_SEED, or a fresh random one; it is printed,
+# and a failure prints how to reproduce the run.
+random_seed() {
+  SEED=${THINDISK_SEED:-$(((RANDOM << 30) ^ (RANDOM << 15) ^ RANDOM))}
+  # shellcheck disable=SC2034 # read by fail() (common.sh)
+  FAIL_NOTE="reproduce with THINDISK_SEED=$SEED"
+  echo "seed: THINDISK_SEED=$SEED"
 }
 
-[[ $TD == */* ]] && TD=$(realpath "$TD")
-[[ -x $TD ]] || command -v "$TD" >/dev/null 2>&1 || skip_or_fail "thindisk binary not built: $TD"
-
-TMP=$(mktemp -d "${TMPDIR:-/tmp}/td-serve-$TEST_NAME-XXXXXX")
-SERVER_PIDS=()
-cleanup() {
-  local p
-  for p in "${SERVER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  cd /
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-cd "$TMP"
-
-# wait_for_socket PATH [SECONDS]: until a Unix socket exists there.
-wait_for_socket() {
-  local path=$1 limit=${2:-10} i
-  for ((i = 0; i < limit * 20; i++)); do
-    [[ -S $path ]] && return 0
-    sleep 0.05
-  done
-  fail "no socket at $path after ${limit}s"
-}
-
-# start_server NAME ARGS...: runs `thindisk serve ARGS` in the background
-# with its stdout/stderr in NAME.out/NAME.err; sets SERVER_PID. The caller
-# passes -k SOCKET and waits for it with wait_for_socket (or use serve_unix).
-start_server() {
-  local name=$1
-  shift
-  "$TD" serve "$@" >"$name.out" 2>"$name.err" &
-  SERVER_PID=$!
-  SERVER_PIDS+=("$SERVER_PID")
-}
-
-# serve_unix NAME SOCKET ARGS...: start_server with -k SOCKET, then wait.
-serve_unix() {
-  local name=$1 sock=$2
-  shift 2
-  start_server "$name" -k "$sock" "$@"
-  wait_for_socket "$sock"
-}
-
-# stop_server PID [NAME]: SIGTERM, then the server must exit 0 within 30s
-# (it drains, flushes and closes its images first).
-stop_server() {
-  local pid=$1 name=${2:-server} i rc
-  kill -TERM "$pid" 2>/dev/null || fail "$name (pid $pid) already gone"
-  for ((i = 0; i < 600; i++)); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.05
-  done
-  kill -0 "$pid" 2>/dev/null && fail "$name did not exit within 30s of SIGTERM"
-  rc=0
-  wait "$pid" || rc=$?
-  [[ $rc == 0 ]] || { cat "$name.err" >&2 2>/dev/null || true; fail "$name exited $rc after SIGTERM"; }
+# crash_verify SOCKET LOG ZONES WHAT: crash_client.c's verify of ZONES
+# through the server on SOCKET, against the history in LOG (seed $SEED);
+# a mismatch fails with WHAT.
+crash_verify() {
+  "$CRASH_CLIENT" verify "$(uri "$1")" "$2" "$SEED" "$3" >verify.out 2>verify.err ||
+    { cat verify.err >&2; fail "$4"; }
 }
 
 # uri SOCKET [EXPORT]: the NBD URI of an export on a Unix socket.
 uri() { echo "nbd+unix:///${2:-}?socket=$1"; }
 
-# expect_eq WHAT GOT WANT
-expect_eq() {
-  [[ $2 == "$3" ]] || fail "$1: got '$2', want '$3'"
-}
+# expect_eq WHAT GOT WANT (assert_eq with the description first).
+expect_eq() { assert_eq "$3" "$2" "$1"; }
 
 # check_clean IMAGE: qemu-img check finds no errors and no leaks.
 check_clean() {

@@ -86,13 +86,9 @@ cmp -s got_depth.json want_depth.json || fail "allocation-depth differs from thi
  local: $(cat want_depth.json)"
 expect_eq "depth kinds" "$(jq -c '[.[].type] | unique' got_depth.json)" "[0,1,2]"
 if command -v qemu-nbd >/dev/null; then
-  qemu-nbd -f qcow2 -r -A -k "$TMP/q.sock" -t clone.qcow2 &
-  qpid=$!
-  SERVER_PIDS+=("$qpid")
-  wait_for_socket q.sock
+  qemu_nbd_unix qemu-nbd "$TMP/q.sock" -f qcow2 -r -A -t clone.qcow2
   nbdinfo --map=qemu:allocation-depth --json "$(uri q.sock)" >qdepth.json
-  kill -TERM "$qpid"
-  wait "$qpid" || true
+  kill_server "$SERVER_PID"
   jq -c "[.[] | {offset, length, type}] | $merge" qdepth.json >q_depth.json
   cmp -s got_depth.json q_depth.json || fail "allocation-depth differs from qemu-nbd's:
  thindisk: $(cat got_depth.json)

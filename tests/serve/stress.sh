@@ -16,8 +16,7 @@
 # STRESS_OPS=N changes the per-layout op count.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-img qemu-io
-[[ -n ${STRESS_CLIENT:-} && -x ${STRESS_CLIENT:-} ]] ||
-  skip_or_fail "stress client not built (libnbd-dev missing?)"
+require_client STRESS_CLIENT
 
 SIZE=$((64 << 20))
 SEED=${THINDISK_SEED:-20261130}

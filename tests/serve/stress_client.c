@@ -35,6 +35,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "test_client.h"
+
 #define MAX_CONNS 16
 #define MAX_QD 64
 #define MAX_OP_BYTES (1u << 20)
@@ -63,13 +65,7 @@ static int g_inflight[MAX_CONNS];
 static int g_failures;
 static uint64_t g_counts[5], g_fast_zero_refused;
 
-static uint64_t Next(uint64_t* s) { /* splitmix64 */
-  uint64_t z = (*s += UINT64_C(0x9e3779b97f4a7c15));
-  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
-  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
-  return z ^ (z >> 31);
-}
-static uint64_t Rand(uint64_t n) { return Next(&g_rng) % n; }
+static uint64_t Rand(uint64_t n) { return SplitMix64(&g_rng) % n; }
 
 static void Fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 static void Fail(const char* fmt, ...) {
@@ -185,7 +181,7 @@ static int Issue(struct nbd_handle* h, int c, uint64_t seq) {
       op->buf = malloc(len);
       uint64_t s = g_seed ^ (seq * UINT64_C(0x100000001b3));
       for (uint32_t i = 0; i < len; i += 8) {
-        uint64_t v = Next(&s);
+        uint64_t v = SplitMix64(&s);
         memcpy(op->buf + i, &v, len - i < 8 ? len - i : 8);
       }
       if (Rand(8) == 0) op->flags = LIBNBD_CMD_FLAG_FUA;
@@ -249,15 +245,6 @@ static int PollOnce(struct nbd_handle** hs, int n) {
   return 0;
 }
 
-static struct nbd_handle* Open(const char* uri) {
-  struct nbd_handle* h = nbd_create();
-  if (h == NULL || nbd_connect_uri(h, uri) == -1) {
-    fprintf(stderr, "connect %s: %s\n", uri, nbd_get_error());
-    exit(1);
-  }
-  return h;
-}
-
 /* Reads the whole export in 1 MiB pieces, piece i on connection i % n (so
  * every connection must see every other's writes: multi-conn), and
  * compares it with the model. */
@@ -301,7 +288,7 @@ static int Run(char** argv) {
   if (LoadModel(argv[6]) != 0) return 2;
   struct nbd_handle* hs[MAX_CONNS];
   for (int i = 0; i < conns; i++) {
-    hs[i] = Open(uri);
+    hs[i] = ConnectOrExit(uri, 0);
     if (nbd_can_multi_conn(hs[i]) != 1) Fail("server does not advertise multi-conn");
     if ((uint64_t)nbd_get_size(hs[i]) != g_size) Fail("export size is not %" PRIu64, g_size);
   }
@@ -350,7 +337,7 @@ static int Run(char** argv) {
 static int Verify(char** argv) {
   g_size = strtoull(argv[1], NULL, 10);
   if (LoadModel(argv[2]) != 0) return 2;
-  struct nbd_handle* h = Open(argv[0]);
+  struct nbd_handle* h = ConnectOrExit(argv[0], 0);
   if ((uint64_t)nbd_get_size(h) != g_size) Fail("export size is not %" PRIu64, g_size);
   VerifyAll(&h, 1, "verify after restart");
   nbd_shutdown(h, 0);
