@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -69,6 +70,30 @@ void PrintReport(const char* verb, const IoRequest& r, double seconds) {
 
 }  // namespace
 
+std::string FormatHexDump(uint64_t offset, std::span<const uint8_t> bytes) {
+  std::string out;
+  char cell[32];
+  for (size_t line = 0; line < bytes.size(); line += 16) {
+    size_t n = std::min<size_t>(16, bytes.size() - line);
+    std::snprintf(cell, sizeof(cell), "%08" PRIx64 ":  ", offset + line);
+    out += cell;
+    for (size_t k = 0; k < n; ++k) {
+      std::snprintf(cell, sizeof(cell), "%02x ", bytes[line + k]);
+      out += cell;
+    }
+    out += ' ';
+    // Plain ASCII letters and digits only (qemu-io uses isalnum in the C
+    // locale), so the dump never depends on the user's locale.
+    for (size_t k = 0; k < n; ++k) {
+      uint8_t b = bytes[line + k];
+      bool alnum = (b >= '0' && b <= '9') || (b >= 'A' && b <= 'Z') || (b >= 'a' && b <= 'z');
+      out += alnum ? char(b) : '.';
+    }
+    out += '\n';
+  }
+  return out;
+}
+
 Result<IoRequest> ParseIoCommand(std::string_view line) {
   std::vector<std::string> tokens = Tokenize(line);
   if (tokens.empty()) return Status::InvalidArgument("empty io command");
@@ -115,7 +140,7 @@ Result<IoRequest> ParseIoCommand(std::string_view line) {
       } else if (flag == 'q' && r.kind != IoRequest::Kind::kFlush) {
         r.quiet = true;
       } else if (flag == 'v' && is_read) {
-        // qemu-io's hex dump: accepted, not implemented.
+        r.verbose = true;
       } else {
         return Status::InvalidArgument(name + ": invalid option -- '" + std::string(1, flag) + "'");
       }
@@ -193,6 +218,9 @@ bool ExecuteIoRequest(block::Device& dev, const IoRequest& r) {
           }
         }
       }
+      // qemu-io: the dump comes after the pattern check and, like the
+      // report, not at all with -q.
+      if (r.verbose && !r.quiet) std::fputs(FormatHexDump(r.offset, buf).c_str(), stdout);
       PrintReport("read", r, seconds());
       return ok;
     }
@@ -209,7 +237,7 @@ class IoCommand final : public Subcommand {
     sub->footer(
         "Commands (-c, repeatable, run in order):\n"
         "  write [-P PATTERN] [-z [-u]] [-f] [-q] OFFSET LENGTH   (default pattern 0xcd)\n"
-        "  read [-P PATTERN] [-q] OFFSET LENGTH   (-P: verify every byte)\n"
+        "  read [-P PATTERN] [-v] [-q] OFFSET LENGTH   (-P: verify every byte; -v: hex dump)\n"
         "  discard [-q] OFFSET LENGTH\n"
         "  flush | aio_flush\n"
         "Exit status 1 when any command fails or a pattern does not match.");

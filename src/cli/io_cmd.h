@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -24,7 +25,8 @@ struct IoRequest {
   bool zero = false;   // write -z: write zeroes, not a buffer
   bool unmap = false;  // write -z -u: may free space
   bool fua = false;    // write -f
-  bool quiet = false;  // -q: no report lines
+  bool quiet = false;  // -q: no report lines (and no dump)
+  bool verbose = false;  // read -v: dump the bytes read (FormatHexDump)
 };
 
 // Parses one command: "write [-P PATTERN] [-z [-u]] [-f] [-q] OFF LEN",
@@ -33,8 +35,14 @@ struct IoRequest {
 // decimal or 0x-hex bytes. Errors name the command and what is wrong.
 Result<IoRequest> ParseIoCommand(std::string_view line);
 
+// qemu-io's `read -v` dump of `bytes` read at guest `offset`: one line per
+// 16 bytes, "%08x:  " (the line's offset), "%02x " per byte, a space, then
+// each byte as itself when isalnum() in the C locale, else '.'.
+std::string FormatHexDump(uint64_t offset, std::span<const uint8_t> bytes);
+
 // Runs `request` on `dev`, printing qemu-io's report lines on stdout
-// ("wrote 4096/4096 bytes at offset 0", then a throughput line).
+// ("wrote 4096/4096 bytes at offset 0", then a throughput line); read -v
+// prints the dump first, as qemu-io does.
 // Returns false when the request failed or a read pattern did not match
 // ("Pattern verification failed at offset N, M bytes"); errors go to stderr.
 bool ExecuteIoRequest(block::Device& dev, const IoRequest& request);
