@@ -10,25 +10,30 @@
 #include <thread>
 #include <vector>
 
+#include "io/direct_io_test_util.h"
+#include "util/capability_test_util.h"
+
 namespace thindisk::io {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = "/var/tmp/td_uring_test.XXXXXX";
-    if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  bool ok() const { return !path_.empty(); }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
+using test_util::DirectIoDir;
+using test_util::NoDirectIoReason;
 
- private:
-  std::string path_;
+// Temp dirs for these tests: in /var/tmp, or where O_DIRECT works.
+class TempDir : public test_util::TempDir {
+ public:
+  explicit TempDir(const std::string& base = "/var/tmp")
+      : test_util::TempDir(base, "td_uring_test") {}
 };
+
+// UringAvailable(), or unavailable when THINDISK_TEST_DENY lists io_uring
+// (the mutation check of the skip rule: tests/skip_rule.sh).
+Status UringUsable() {
+  if (test_env::CapabilityDenied("io_uring")) {
+    return Status::NotSupported("io_uring denied by THINDISK_TEST_DENY");
+  }
+  return UringAvailable();
+}
 
 std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);
@@ -37,24 +42,31 @@ std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
   return v;
 }
 
-// Opens a UringStorage, or skips the test where io_uring is unavailable
-// (seccomp, old kernel) or O_DIRECT is refused (tmpfs).
-#define OPEN_OR_SKIP(var, path, mode)                                   \
-  if (Status avail = UringAvailable(); !avail.ok())                      \
-    GTEST_SKIP() << avail.ToString();                                    \
-  OpenOptions opts_##var;                                                \
-  opts_##var.create = true;                                              \
-  opts_##var.cache = (mode);                                             \
-  auto r_##var = OpenUringFile((path), opts_##var);                      \
-  if (!r_##var.has_value() && r_##var.status().code() == Code::kNotSupported) \
-    GTEST_SKIP() << r_##var.status().ToString();                         \
-  ASSERT_TRUE(r_##var.has_value()) << r_##var.status().ToString();       \
+// Opens a UringStorage as `var`. Where io_uring is unavailable (seccomp, old
+// kernel) the test skips locally and fails in CI. Tests with
+// CacheMode::kNone make their TempDir in DirectIoDir() first, so O_DIRECT
+// is known to work there and a refusal fails the test.
+#define OPEN_URING(var, path, mode)                                \
+  if (Status avail = UringUsable(); !avail.ok())                   \
+    TD_SKIP_OR_FAIL("io_uring unavailable: " << avail.ToString()); \
+  OpenOptions opts_##var;                                          \
+  opts_##var.create = true;                                        \
+  opts_##var.cache = (mode);                                       \
+  auto r_##var = OpenUringFile((path), opts_##var);                \
+  ASSERT_TRUE(r_##var.has_value()) << r_##var.status().ToString(); \
   auto* var = static_cast<UringStorage*>(r_##var->get())
+
+// The temp dir of an O_DIRECT test: where O_DIRECT works, or the test skips
+// locally and fails in CI.
+#define DIRECT_TEMP_DIR(var)                                      \
+  const std::string base_##var = DirectIoDir();                   \
+  TD_REQUIRE_CAPABILITY(!base_##var.empty(), NoDirectIoReason()); \
+  TempDir var(base_##var)
 
 TEST(UringStorage, RoundTripAndZerosPastEof) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  OPEN_OR_SKIP(s, dir.File("a"), CacheMode::kWriteback);
+  OPEN_URING(s, dir.File("a"), CacheMode::kWriteback);
   auto data = Pattern(10000, 1);
   ASSERT_TRUE(s->WriteAt(123, data).ok());
   EXPECT_EQ(*s->Size(), 10123u);
@@ -77,9 +89,9 @@ TEST(UringStorage, RoundTripAndZerosPastEof) {
 }
 
 TEST(UringStorage, DirectAlignedAndUnalignedRequests) {
-  TempDir dir;
+  DIRECT_TEMP_DIR(dir);
   ASSERT_TRUE(dir.ok());
-  OPEN_OR_SKIP(s, dir.File("d"), CacheMode::kNone);
+  OPEN_URING(s, dir.File("d"), CacheMode::kNone);
   // Aligned buffer, offset and length: through the ring.
   auto* aligned = static_cast<uint8_t*>(std::aligned_alloc(4096, 8192));
   ASSERT_NE(aligned, nullptr);
@@ -103,9 +115,9 @@ TEST(UringStorage, DirectAlignedAndUnalignedRequests) {
 // write extending the file while the fallback trimmed a block-rounded tail
 // past EOF was cut off by that trim.
 TEST(UringStorage, DirectTailTrimDoesNotCutConcurrentRingWrite) {
-  TempDir dir;
+  DIRECT_TEMP_DIR(dir);
   ASSERT_TRUE(dir.ok());
-  OPEN_OR_SKIP(s, dir.File("t"), CacheMode::kNone);
+  OPEN_URING(s, dir.File("t"), CacheMode::kNone);
   constexpr uint64_t kSlot = 64 << 10;
   constexpr int kRounds = 300;
   const auto tail = Pattern(5000, 1);  // slot 2i: fallback, unaligned end past EOF
@@ -136,7 +148,7 @@ TEST(UringStorage, DirectTailTrimDoesNotCutConcurrentRingWrite) {
 TEST(UringStorage, ConcurrentThreadsEachUseTheirRing) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
-  OPEN_OR_SKIP(s, dir.File("c"), CacheMode::kWriteback);
+  OPEN_URING(s, dir.File("c"), CacheMode::kWriteback);
   constexpr int kThreads = 4;
   constexpr int kBlocks = 64;
   constexpr size_t kBlock = 4096;
@@ -163,7 +175,7 @@ TEST(UringStorage, ReadOnlyRefusesWrites) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
   {
-    OPEN_OR_SKIP(w, dir.File("r"), CacheMode::kWriteback);
+    OPEN_URING(w, dir.File("r"), CacheMode::kWriteback);
     ASSERT_TRUE(w->WriteAt(0, Pattern(4096, 5)).ok());
   }
   OpenOptions o;

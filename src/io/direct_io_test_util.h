@@ -1,0 +1,95 @@
+// Test helpers for the io tests: a temp dir that is removed with its
+// contents, and where to put it when a test needs O_DIRECT.
+#pragma once
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "util/capability_test_util.h"
+
+namespace thindisk::io::test_util {
+
+// A fresh directory `base`/`prefix`.XXXXXX, removed (recursively) by the
+// destructor; ok() is false when it could not be made.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& base = "/var/tmp",
+                   const char* prefix = "td_io_test") {
+    std::string tmpl = base + "/" + prefix + ".XXXXXX";
+    if (!base.empty() && mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  bool ok() const { return !path_.empty(); }
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// Whether a file created in `dir` can be opened with O_DIRECT (tmpfs before
+// Linux 6.6 and some overlay or FUSE filesystems refuse it). The probe file
+// is removed again.
+inline bool AcceptsODirect(const std::string& dir) {
+  std::string tmpl = dir + "/.td_odirect_probe.XXXXXX";
+  const int fd = mkstemp(tmpl.data());
+  if (fd < 0) return false;
+  // The way PosixStorage switches it on (fcntl, not open), so they agree.
+  const int fl = fcntl(fd, F_GETFL);
+  const bool ok = fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0;
+  ::close(fd);
+  ::unlink(tmpl.c_str());
+  return ok;
+}
+
+// The directories tried for O_DIRECT tests, in order: $THINDISK_ODIRECT_DIR
+// (when set), /var/tmp, the working directory (under ctest: the build
+// tree), then $TMPDIR or /tmp.
+inline std::vector<std::string> DirectIoCandidates() {
+  std::vector<std::string> dirs;
+  if (const char* d = std::getenv("THINDISK_ODIRECT_DIR"); d != nullptr && *d != '\0') {
+    dirs.push_back(d);
+  }
+  dirs.push_back("/var/tmp");
+  std::error_code ec;
+  if (auto cwd = std::filesystem::current_path(ec); !ec) dirs.push_back(cwd.string());
+  const char* tmp = std::getenv("TMPDIR");
+  dirs.push_back(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp");
+  return dirs;
+}
+
+// The first candidate whose filesystem accepts O_DIRECT, or "" when none
+// does or THINDISK_TEST_DENY lists o_direct. Tests needing O_DIRECT create
+// their TempDir there and TD_SKIP_OR_FAIL when it is "".
+inline std::string DirectIoDir() {
+  if (::thindisk::test_env::CapabilityDenied("o_direct")) return "";
+  for (const std::string& dir : DirectIoCandidates()) {
+    if (AcceptsODirect(dir)) return dir;
+  }
+  return "";
+}
+
+// The reason to give when DirectIoDir() is "".
+inline std::string NoDirectIoReason() {
+  if (::thindisk::test_env::CapabilityDenied("o_direct")) {
+    return "O_DIRECT denied by THINDISK_TEST_DENY";
+  }
+  std::string tried;
+  for (const std::string& dir : DirectIoCandidates())
+    tried += (tried.empty() ? "" : ", ") + dir;
+  return "no directory accepts O_DIRECT (tried " + tried +
+         "; set THINDISK_ODIRECT_DIR to one that does)";
+}
+
+}  // namespace thindisk::io::test_util
