@@ -31,9 +31,32 @@ struct SeedDemoOptions {
 
 Result<SeedDemo> RunSeedDemo(const SeedDemoOptions& options);
 
-// The sentences printed under each figure: why the figure is what it is,
-// from the layout and what was measured. `pass` is 0, 1 or 2 as above.
-std::string ExplainSpeed(int pass, double kb_per_s);
+// The seed's observation that the demo answers: `dd bs=1k` into a fresh
+// disk ran at 421 kB/s (2.4 ms per 1 KiB write).
+inline constexpr double kSeedKbPerS = 421;
+
+// Above this average time per request a buffered write waited on the disk
+// (page-cache writeback, a fill): a copy into the page cache plus the
+// engine's lookup costs a few microseconds, a device write tens to
+// thousands.
+inline constexpr double kNoDiskWaitUs = 50;
+// From this ratio of in-request host bytes (data and fill) to guest bytes
+// on, the extra bytes are the likely cost of a slow request (each 1 KiB
+// write then writes at least 2 KiB).
+inline constexpr double kCostlyAmplification = 2;
+
+// The sentences printed under each figure, computed from the figures alone
+// (pure functions: the same figures give the same sentences, different
+// figures different ones). `pass` is 0, 1 or 2 as above.
+//
+// ExplainSpeed turns p.kb_per_s into the time per request, sets it against
+// kSeedKbPerS, and says what the time went to: a request quicker than
+// kNoDiskWaitUs waited on no disk; a slower one either paid for the host
+// bytes written inside it (p.data_bytes + p.fill_bytes, when that is at
+// least kCostlyAmplification times the guest's) or waited on the host. For pass 2 it reads
+// the rate as the disk's bandwidth and says whether that bandwidth, or the
+// cost per request, explains the seed's figure.
+std::string ExplainSpeed(int pass, const SeedPass& p);
 // Built from the pass's measured split of host bytes (data, fill,
 // metadata), so the sentence says where the extra bytes went.
 std::string ExplainAmplification(int pass, uint32_t cluster_size, bool extended_l2, const SeedPass& p);
