@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "qcow2/image.h"
+#include "util/capability_test_util.h"
 
 namespace thindisk::block {
 namespace {
@@ -21,14 +22,9 @@ bool HaveQemuImg() {
   return std::system("qemu-img --version >/dev/null 2>&1") == 0;
 }
 
-// A missing tool skips locally but fails in CI (STYLE.md habit 8).
-#define REQUIRE_QEMU_IMG()                                               \
-  do {                                                                   \
-    if (!HaveQemuImg()) {                                                \
-      if (std::getenv("CI")) FAIL() << "qemu-img is required in CI";     \
-      GTEST_SKIP() << "qemu-img not installed";                          \
-    }                                                                    \
-  } while (0)
+// A missing tool skips locally but fails in CI (STYLE.md habit 8;
+// util/capability_test_util.h).
+#define REQUIRE_QEMU_IMG() TD_REQUIRE_TOOL("qemu-img", HaveQemuImg())
 
 
 OpenOptions Opts(std::string format, bool read_only, bool no_backing = false,

@@ -16,6 +16,7 @@
 
 #include "nbd/testing/memory_device.h"
 #include "nbd/testing/test_server.h"
+#include "util/capability_test_util.h"
 
 namespace thindisk::nbd {
 namespace {
@@ -29,13 +30,8 @@ bool HaveTool(const std::string& tool) {
   return std::system(("command -v " + tool + " >/dev/null 2>&1").c_str()) == 0;
 }
 
-#define REQUIRE_TOOL(tool)                                           \
-  do {                                                               \
-    if (!HaveTool(tool)) {                                           \
-      if (std::getenv("CI")) FAIL() << tool << " is required in CI"; \
-      GTEST_SKIP() << tool << " not installed";                      \
-    }                                                                \
-  } while (0)
+// A missing tool skips locally, fails in CI (util/capability_test_util.h).
+#define REQUIRE_TOOL(tool) TD_REQUIRE_TOOL(tool, HaveTool(tool))
 
 struct Output {
   int status = -1;

@@ -14,6 +14,7 @@
 #include "io/memory_storage.h"
 #include "qcow2/format.h"
 #include "qcow2/image.h"
+#include "util/capability_test_util.h"
 #include "util/endian.h"
 
 namespace thindisk::qcow2 {
@@ -378,17 +379,16 @@ CommandResult RunCommand(const std::string& cmd) {
   return r;
 }
 
-bool HaveQemu() {
-  return RunCommand("qemu-img --version").exit_code == 0 &&
-         RunCommand("qemu-io --version").exit_code == 0;
+bool HaveTool(const std::string& tool) {
+  return RunCommand(tool + " --version").exit_code == 0;
 }
 
-#define SKIP_WITHOUT_QEMU()                                              \
-  do {                                                                   \
-    if (!HaveQemu()) {                                                   \
-      if (std::getenv("CI")) FAIL() << "qemu-img/qemu-io required in CI"; \
-      GTEST_SKIP() << "qemu-img or qemu-io not installed";               \
-    }                                                                    \
+// A missing qemu-img or qemu-io skips locally, fails in CI
+// (util/capability_test_util.h).
+#define SKIP_WITHOUT_QEMU()                            \
+  do {                                                 \
+    TD_REQUIRE_TOOL("qemu-img", HaveTool("qemu-img")); \
+    TD_REQUIRE_TOOL("qemu-io", HaveTool("qemu-io"));   \
   } while (0)
 
 class QemuCheck : public testing::Test {

@@ -13,6 +13,7 @@
 #include "io/storage.h"
 #include "qcow2/format.h"
 #include "qcow2/image.h"
+#include "util/capability_test_util.h"
 #include "util/endian.h"
 
 namespace thindisk::qcow2 {
@@ -383,13 +384,8 @@ class TempDir {
   std::string path_;
 };
 
-#define SKIP_WITHOUT_QEMU_IMG()                                             \
-  do {                                                                      \
-    if (!HaveQemuImg()) {                                                   \
-      if (std::getenv("CI")) FAIL() << "qemu-img is required in CI";        \
-      GTEST_SKIP() << "qemu-img not installed";                             \
-    }                                                                       \
-  } while (0)
+// A missing qemu-img skips locally, fails in CI (util/capability_test_util.h).
+#define SKIP_WITHOUT_QEMU_IMG() TD_REQUIRE_TOOL("qemu-img", HaveQemuImg())
 
 Status CreateFile(const std::string& path, const CreateOptions& o) {
   io::OpenOptions oo;

@@ -14,6 +14,7 @@
 
 #include "io/posix_storage.h"
 #include "qcow2/image_test_util.h"
+#include "util/capability_test_util.h"
 
 namespace thindisk::qcow2::testing {
 
@@ -36,16 +37,9 @@ inline RunResult Shell(const std::string& cmd) {
 
 inline bool HaveQemuImg() { return Shell("qemu-img --version").exit_code == 0; }
 
-#define REQUIRE_QEMU_IMG()                                             \
-  do {                                                                 \
-    if (!::thindisk::qcow2::testing::HaveQemuImg()) {                  \
-      if (std::getenv("CI")) {                                         \
-        FAIL() << "qemu-img is required in CI";                        \
-      } else {                                                         \
-        GTEST_SKIP() << "qemu-img not installed";                      \
-      }                                                                \
-    }                                                                  \
-  } while (0)
+// A missing qemu-img skips locally, fails in CI (util/capability_test_util.h).
+#define REQUIRE_QEMU_IMG() \
+  TD_REQUIRE_TOOL("qemu-img", ::thindisk::qcow2::testing::HaveQemuImg())
 
 class InteropTest : public ::testing::Test {
  protected:
