@@ -166,12 +166,27 @@ TEST_F(NegotiationTest, StructuredRepliesAndMetaContexts) {
 }
 
 TEST_F(NegotiationTest, ContextsForAnotherExportAreDropped) {
-  Negotiator n = Make();
-  (void)n.Handle(Opt(kOptStructuredReply));
-  (void)n.Handle(
-      Opt(kOptSetMetaContext, MetaContextData("ro", {kContextAllocationDepth})));
-  EXPECT_EQ(n.Handle(Opt(kOptGo, GoData("disk"))).next, Negotiator::Next::kTransmission);
-  EXPECT_FALSE(n.meta_contexts().any());
+  // SET for "ro" is accepted (the context is selected) ...
+  auto select_for_ro = [this](Negotiator& n) {
+    ASSERT_EQ(Replies(n.Handle(Opt(kOptStructuredReply)).reply)[0].type, kRepAck);
+    auto set = Replies(
+        n.Handle(Opt(kOptSetMetaContext, MetaContextData("ro", {kContextAllocationDepth})))
+            .reply);
+    ASSERT_EQ(set.size(), 2u);
+    EXPECT_EQ(set[0].type, kRepMetaContext);
+    EXPECT_EQ(LoadBe32(set[0].data.data()), kAllocationDepthContextId);
+    EXPECT_EQ(set[1].type, kRepAck);
+  };
+  // ... and kept by a GO of that export (the control) ...
+  Negotiator same = Make();
+  select_for_ro(same);
+  EXPECT_EQ(same.Handle(Opt(kOptGo, GoData("ro"))).next, Negotiator::Next::kTransmission);
+  EXPECT_TRUE(same.meta_contexts().allocation_depth);
+  // ... but dropped by a GO of another.
+  Negotiator other = Make();
+  select_for_ro(other);
+  EXPECT_EQ(other.Handle(Opt(kOptGo, GoData("disk"))).next, Negotiator::Next::kTransmission);
+  EXPECT_FALSE(other.meta_contexts().any());
 }
 
 TEST_F(NegotiationTest, UnsupportedAndUnknownOptions) {
