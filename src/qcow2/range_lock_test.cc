@@ -47,19 +47,31 @@ TEST(RangeLockTest, OverlappingWritersAreSerialized) {
 
 TEST(RangeLockTest, WaiterProceedsAfterRelease) {
   RangeLock lock;
+  std::atomic<bool> started{false};
   std::atomic<bool> acquired{false};
   std::thread waiter;
   {
     auto g = lock.Lock(0, 2);
     waiter = std::thread([&] {
+      started = true;
       auto g2 = lock.Lock(1, 1);
       acquired = true;
     });
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // The waiter must have reached Lock(): a check made before it ran
+    // would pass whatever Lock() does.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!started.load() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    ASSERT_TRUE(started.load()) << "the waiter thread never ran";
+    // Lock() without exclusion returns in microseconds; give it 50 ms.
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     EXPECT_FALSE(acquired.load());
+    EXPECT_EQ(lock.held(), 1u);
   }
   waiter.join();
   EXPECT_TRUE(acquired.load());
+  EXPECT_EQ(lock.held(), 0u);
 }
 
 }  // namespace
