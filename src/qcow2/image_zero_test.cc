@@ -236,8 +236,16 @@ TEST(ImageBackingTest, BackingFileWithoutOpenerFails) {
   CreateOptions o = Opts(65536, true, 3, 1 << 20);
   o.backing_file = "base.raw";
   ASSERT_TRUE(Create(*storage, o).ok());
+  // The control: the image itself is fine (opened without its backing file).
+  OpenOptions no_backing;
+  no_backing.no_backing = true;
+  auto plain = Image::Open(storage->Clone(), no_backing);
+  ASSERT_TRUE(plain.has_value()) << plain.error().ToString();
   auto img = Image::Open(std::move(storage), {});
-  EXPECT_FALSE(img.has_value());
+  ASSERT_FALSE(img.has_value());
+  EXPECT_EQ(img.error().code(), Code::kInvalidArgument) << img.error().ToString();
+  EXPECT_NE(img.error().message().find("backing file 'base.raw'"), std::string::npos)
+      << img.error().message();
 }
 
 // A dd-style run of 1 KiB first writes (bs=1k) into fresh subclusters: each
