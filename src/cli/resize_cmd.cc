@@ -1,7 +1,8 @@
 // thindisk resize: grow or shrink an image's virtual size (qemu-img resize).
 //
-// Growing is instant; the new space reads as zeros (never backing data or
-// bytes cut off by an earlier shrink). Shrinking needs --shrink and, unlike
+// Growing is instant (unless --preallocation asks for host space); the new
+// space reads as zeros (never backing data or bytes cut off by an earlier
+// shrink). Shrinking needs --shrink and, unlike
 // qemu-img, refuses while the cut-off range holds data in this image: the
 // error names the range. --force drops that data, after a warning naming it.
 #include <CLI/CLI.hpp>
@@ -13,6 +14,7 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "qcow2/image.h"
 #include "raw/raw_image.h"
 
 namespace thindisk::cli {
@@ -25,8 +27,11 @@ constexpr const char* kResizeHelp =
     "past the new end holds data in this image (the error names it); --force\n"
     "discards that data, with a warning naming it. Shrinking frees the clusters\n"
     "past the new end and truncates the host file. qcow2 sizes must be a\n"
-    "multiple of 512. --preallocation applies to the grown part of raw images\n"
-    "(off, falloc, full); qcow2 supports off.";
+    "multiple of 512. --preallocation applies to the grown part: raw images\n"
+    "take off, falloc and full; qcow2 images take off, metadata (host clusters\n"
+    "mapped for the grown range), falloc (also reserved) and full (also written\n"
+    "with zeros). The grown part reads as zeros in every mode; shrinking with\n"
+    "a preallocation mode other than off is refused.";
 
 // Reads at most this much at a time while looking for non-zero bytes.
 constexpr uint64_t kScanChunk = 1ull << 20;
@@ -176,6 +181,12 @@ class ResizeCommand final : public Subcommand {
 
   Status Grow(block::Device& dev, uint64_t old_size, uint64_t new_size) {
     const std::string mode = preallocation_.empty() ? "off" : preallocation_;
+    if (auto* image = dynamic_cast<qcow2::Image*>(&dev)) {
+      std::string warning;
+      TD_RETURN_IF_ERROR(image->GrowPreallocated(new_size, Qcow2Mode(mode), &warning));
+      if (!warning.empty()) PrintWarning(warning);
+      return Status::Ok();
+    }
     auto* raw = dynamic_cast<raw::RawImage*>(&dev);
     if (mode != "off" && (raw == nullptr || mode == "metadata")) {
       return Status::NotSupported("preallocation=" + mode + " is not supported when growing " +
@@ -192,6 +203,14 @@ class ResizeCommand final : public Subcommand {
     }
     if (mode == "falloc" || mode == "full") return WriteZeroBytes(dev, old_size, new_size);
     return Status::Ok();
+  }
+
+  // `mode` is one the option's IsMember check let through.
+  static qcow2::Preallocation Qcow2Mode(const std::string& mode) {
+    if (mode == "metadata") return qcow2::Preallocation::kMetadata;
+    if (mode == "falloc") return qcow2::Preallocation::kFalloc;
+    if (mode == "full") return qcow2::Preallocation::kFull;
+    return qcow2::Preallocation::kOff;
   }
 
   std::string format_;

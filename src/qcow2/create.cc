@@ -14,6 +14,7 @@
 #include "qcow2/format.h"
 #include "util/endian.h"
 #include "qcow2/image.h"
+#include "qcow2/preallocate.h"
 
 namespace thindisk::qcow2 {
 namespace {
@@ -21,7 +22,6 @@ namespace {
 constexpr uint64_t kMinClusterSize = 512;
 constexpr uint64_t kMaxClusterSize = 2ull << 20;
 constexpr uint64_t kMinExtendedL2ClusterSize = 16 * 1024;  // 512-byte subclusters
-constexpr uint64_t kZeroChunk = 1ull << 20;                // zero-fill write size
 
 uint64_t DivRoundUp(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 
@@ -191,35 +191,10 @@ Status WriteMappings(io::Storage& storage, const Layout& l, const CreateOptions&
   return Status::Ok();
 }
 
-Status WriteZeros(io::Storage& storage, uint64_t offset, uint64_t length) {
-  std::vector<uint8_t> zeros(std::min(length, kZeroChunk), 0);
-  while (length > 0) {
-    uint64_t n = std::min<uint64_t>(length, zeros.size());
-    TD_RETURN_IF_ERROR(storage.WriteAt(offset, std::span<const uint8_t>(zeros.data(), n)));
-    offset += n;
-    length -= n;
-  }
-  return Status::Ok();
-}
-
 Status PreallocateData(io::Storage& storage, const Layout& l, Preallocation mode,
                        std::string* warning) {
-  const uint64_t length = l.data_clusters * l.cluster_size;
-  if (length == 0) return Status::Ok();
-  if (mode == Preallocation::kFalloc) {
-    Status s = storage.Allocate(l.data_offset, length);
-    if (s.ok()) return s;
-    if (s.code() != Code::kNotSupported) return s;
-    if (warning) {
-      *warning = fmt::format(
-          "{}: the host file system cannot preallocate (fallocate: {}); wrote zeros instead, "
-          "as preallocation=full does",
-          storage.name(), s.message());
-    }
-    mode = Preallocation::kFull;
-  }
-  if (mode == Preallocation::kFull) return WriteZeros(storage, l.data_offset, length);
-  return Status::Ok();
+  return PreallocateHostRange(storage, l.data_offset, l.data_clusters * l.cluster_size, mode,
+                              warning);
 }
 
 Header BuildHeader(const CreateOptions& o, const Layout& l) {

@@ -40,6 +40,11 @@ struct OpenOptions {
   bool no_backing = false;
 };
 
+// qemu's preallocation modes (create, resize): kMetadata maps every guest
+// cluster to a host cluster; kFalloc also reserves that host space; kFull
+// also writes zeros to it.
+enum class Preallocation { kOff, kMetadata, kFalloc, kFull };
+
 class Image : public block::Device {
  public:
   static Result<std::unique_ptr<Image>> Open(std::unique_ptr<io::Storage> storage,
@@ -67,11 +72,22 @@ class Image : public block::Device {
   // empties an overlay this way once its backing file holds the same data.
   virtual Status Deallocate(uint64_t offset, uint64_t length) = 0;
 
+  // Grows the image to `new_size` as Resize does (the grown range reads as
+  // zeros), then, unless mode is kOff, gives each guest cluster from the
+  // one holding the old end up to the new end that has no host cluster
+  // one, as qemu-img resize --preallocation does (image_preallocate.cc).
+  // What every byte reads is unchanged: standard L2 maps zero-filled data
+  // clusters; extended L2 keeps the subclusters' state (unallocated or
+  // zero) and only reserves the host cluster, as qemu does. A cluster that
+  // shows backing data through is left alone. kFalloc where the host can't
+  // fallocate writes zeros and sets *warning (as Create). kInvalidArgument
+  // when new_size < size() ("preallocation cannot be used when shrinking").
+  virtual Status GrowPreallocated(uint64_t new_size, Preallocation mode,
+                                  std::string* warning = nullptr) = 0;
+
  protected:
   Image() = default;
 };
-
-enum class Preallocation { kOff, kMetadata, kFalloc, kFull };
 
 struct CreateOptions {
   uint64_t size = 0;

@@ -69,6 +69,8 @@ class ImageImpl final : public Image {
   block::Device* backing() override { return backing_.get(); }
   Status WriteCompressed(uint64_t offset, std::span<const uint8_t> data) override;
   Status Deallocate(uint64_t offset, uint64_t length) override;  // image_deallocate.cc
+  Status GrowPreallocated(uint64_t new_size, Preallocation mode,
+                          std::string* warning) override;  // image_preallocate.cc
 
  private:
   // Internal snapshots (snapshot.cc) rewrite the L1 table, refcounts and
@@ -129,6 +131,15 @@ class ImageImpl final : public Image {
   Status FindDataPast(uint64_t from, uint64_t to, uint64_t* first, uint64_t* end);
   Status DropMappingsPastLocked(uint64_t new_size, uint64_t old_size);  // REQUIRES mu_
   Status TruncateUnusedTail();  // REQUIRES flush_mu_
+
+  // ---- grow with preallocation (image_preallocate.cc) ----
+  // Whether guest cluster gc, mapped as m, can be given a host cluster
+  // without changing what it reads; REQUIRES mu_.
+  bool PreallocatableLocked(uint64_t gc, const L2Mapping& m) const;
+  // Preallocates guest clusters [first, first + count); REQUIRES flush_mu_
+  // and the range lock on them.
+  Status PreallocateBatch(uint64_t first, uint64_t count, Preallocation mode,
+                          std::string* warning);
 
   // ---- flush (image_flush.cc) ----
   Status FlushMetadataLocked();  // stages 1-4; REQUIRES mu_

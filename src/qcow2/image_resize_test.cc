@@ -1,5 +1,6 @@
 // Resize: shrink refuses data, zeroes the kept tail, frees and truncates;
-// grow after shrink reads zeros (never old bytes, never backing data).
+// grow after shrink reads zeros (never old bytes, never backing data); grow
+// with preallocation maps host space without changing what is read.
 #include <gtest/gtest.h>
 
 #include "qcow2/check.h"
@@ -130,6 +131,90 @@ TEST_P(ResizeTest, ShrinkCloneHidesBackingWhenRegrown) {
   MemImage r = Reopen(m, oo);
   ExpectContent(*r.image, model, 0, size);
   ExpectClean(*r.storage);
+}
+
+TEST_P(ResizeTest, GrowPreallocatedGivesTheGrownRangeHostSpace) {
+  auto [cluster, extended] = GetParam();
+  const uint64_t size = kMiB + 512;  // the old end cuts a cluster
+  const uint64_t new_size = 3 * kMiB;
+  for (Preallocation mode : {Preallocation::kMetadata, Preallocation::kFalloc,
+                             Preallocation::kFull}) {
+    SCOPED_TRACE(int(mode));
+    MemImage m = CreateMem(Opts(cluster, extended, size));
+    std::vector<uint8_t> model(new_size, 0);
+    auto data = Pattern(6, 8192);
+    ASSERT_TRUE(m.image->Write(size - data.size(), data).ok());
+    std::copy(data.begin(), data.end(), model.begin() + (size - data.size()));
+    ASSERT_TRUE(m.image->Flush().ok());
+    const uint64_t written_before = m.storage->bytes_written();
+    std::string warning;
+    Status s = m.image->GrowPreallocated(new_size, mode, &warning);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(m.image->size(), new_size);
+    ExpectContent(*m.image, model, 0, new_size);
+    // Only full (or falloc falling back, with a warning) writes the zeros.
+    const uint64_t written = m.storage->bytes_written() - written_before;
+    const uint64_t whole_grown = new_size - (size + cluster - 1) / cluster * cluster;
+    if (mode == Preallocation::kFull || !warning.empty()) {
+      EXPECT_GE(written, whole_grown);
+    } else {
+      EXPECT_LT(written, whole_grown / 2);
+    }
+    auto file_size = m.storage->Size();
+    ASSERT_TRUE(file_size.has_value());
+    EXPECT_GE(*file_size, whole_grown);
+
+    MemImage r = Reopen(m);
+    ExpectClean(*r.storage);
+    ExpectContent(*r.image, model, 0, new_size);
+    // The host clusters are in place: filling the grown range takes no
+    // new host space.
+    auto fill = Pattern(7, new_size - size);
+    ASSERT_TRUE(r.image->Write(size, fill).ok());
+    ASSERT_TRUE(r.image->Flush().ok());
+    std::copy(fill.begin(), fill.end(), model.begin() + size);
+    auto filled_size = r.storage->Size();
+    ASSERT_TRUE(filled_size.has_value());
+    EXPECT_EQ(*filled_size, *file_size);
+    MemImage r2 = Reopen(r);
+    ExpectContent(*r2.image, model, 0, new_size);
+    ExpectClean(*r2.storage);
+  }
+}
+
+TEST_P(ResizeTest, GrowPreallocatedCloneReadsZerosNotBacking) {
+  auto [cluster, extended] = GetParam();
+  const uint64_t size = 4 * kMiB;
+  auto base = Pattern(8, size);
+  OpenOptions oo;
+  oo.open_backing = [&](const std::string&, const std::string&)
+      -> Result<std::unique_ptr<block::Device>> {
+    return std::unique_ptr<block::Device>(new testing::FakeDevice(base));
+  };
+  CreateOptions co = Opts(cluster, extended, size);
+  co.backing_file = "base.raw";
+  co.backing_format = "raw";
+  MemImage m = CreateMem(co, oo);
+  const uint64_t cut = kMiB + 4096;
+  ASSERT_TRUE(m.image->Resize(cut, true).ok());
+  ASSERT_TRUE(m.image->GrowPreallocated(size, Preallocation::kMetadata, nullptr).ok());
+  std::vector<uint8_t> model = base;
+  std::fill(model.begin() + cut, model.end(), 0);
+  ExpectContent(*m.image, model, 0, size);
+  MemImage r = Reopen(m, oo);
+  ExpectContent(*r.image, model, 0, size);
+  ExpectClean(*r.storage);
+}
+
+TEST(ResizePreallocationTest, ShrinkingIsRefused) {
+  MemImage m = CreateMem(Opts(65536, false, 2 * kMiB));
+  Status s = m.image->GrowPreallocated(kMiB, Preallocation::kMetadata, nullptr);
+  EXPECT_EQ(s.code(), Code::kInvalidArgument);
+  EXPECT_NE(s.message().find("shrinking"), std::string::npos) << s.message();
+  EXPECT_EQ(m.image->size(), 2 * kMiB);
+  // Off is a plain grow.
+  ASSERT_TRUE(m.image->GrowPreallocated(3 * kMiB, Preallocation::kOff, nullptr).ok());
+  EXPECT_EQ(m.image->size(), 3 * kMiB);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ResizeTest,

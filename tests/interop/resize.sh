@@ -2,7 +2,8 @@
 # thindisk resize against qemu-img resize 7.2, each on its own copy of the
 # same image: grow, shrink with and without data (thindisk refuses data
 # unless --force), sizes that are not cluster aligned then grown again
-# (the regrown part reads as zeros), raw files, a backing chain, and the
+# (the regrown part reads as zeros), growth with each preallocation mode
+# (same allocation as qemu-img's), raw files, a backing chain, and the
 # error cases. Afterwards both copies must read the same (qemu-img compare)
 # and thindisk's must pass qemu-img check.
 source "$(dirname "$0")/lib.sh"
@@ -101,6 +102,66 @@ for opts in "" "cluster_size=65536,extended_l2=off" "cluster_size=4096,compat=0.
   qemu_check gap.td
 done
 
+log "qcow2 preallocation"
+# mapped_bytes IMAGE FROM TO: guest bytes in [FROM, TO) that qemu-img map
+# shows with a host offset (data, or host space reserved behind zeros).
+mapped_bytes() {
+  "$QEMU_IMG" map --output=json "$1" | jq --argjson s "$2" --argjson e "$3" \
+    '[.[] | select(has("offset")) | ([.start + .length, $e] | min) - ([.start, $s] | max)
+      | select(. > 0)] | add // 0'
+}
+allocated_clusters() { "$QEMU_IMG" check --output=json "$1" | jq '."allocated-clusters"'; }
+host_blocks() { echo $(($(stat -c %b "$1") * 512)); }
+old=$((8 * M + 512))  # the old end cuts a cluster
+new=$((40 * M))
+for opts in "" "cluster_size=65536,extended_l2=off" "cluster_size=4096,compat=0.10"; do
+  for mode in metadata falloc full; do
+    td create -q -f qcow2 ${opts:+-o "$opts"} pre.td $old
+    io_ok thindisk pre.td "write -P 0x5a 0 $M" "write -P 0x6b $((old - 4608)) 4608"
+    cp pre.td pre.qemu
+    td resize --preallocation=$mode pre.td $new
+    ok "$QEMU_IMG" resize -q --preallocation=$mode pre.qemu $new
+    same_content pre.td pre.qemu
+    qemu_check pre.td
+    io_ok qemu-io pre.td "read -P 0x6b $((old - 4608)) 4608" "read -P 0 $old $((new - old))"
+    # The same allocation as qemu-img's: every cluster of the grown range
+    # has host space (qemu-img map gives it an offset; check counts it).
+    td_mapped=$(mapped_bytes pre.td $old $new)
+    qemu_mapped=$(mapped_bytes pre.qemu $old $new)
+    assert_eq "$qemu_mapped" "$td_mapped" "${opts:-defaults} $mode: bytes of the grown range mapped"
+    ((td_mapped >= new - old - M)) || fail "$mode: only $td_mapped grown bytes mapped"
+    assert_eq "$(allocated_clusters pre.qemu)" "$(allocated_clusters pre.td)" \
+      "${opts:-defaults} $mode: allocated clusters"
+    # falloc and full own the host space, metadata leaves it sparse.
+    td_blocks=$(host_blocks pre.td)
+    if [[ $mode == metadata ]]; then
+      ((td_blocks < 16 * M)) || fail "metadata preallocation took $td_blocks host bytes"
+    else
+      ((td_blocks >= new - old - M)) || fail "$mode preallocation took only $td_blocks host bytes"
+    fi
+    echo "preallocation=$mode (${opts:-defaults}): host bytes thindisk $td_blocks," \
+      "qemu-img $(host_blocks pre.qemu); grown bytes mapped $td_mapped"
+    # Writes into the preallocated range use it: the file does not grow.
+    size_before=$(stat -c %s pre.td)
+    io_ok thindisk pre.td "write -P 0x7c $old $((new - old))"
+    assert_eq "$size_before" "$(stat -c %s pre.td)" "$mode: file size after filling the grown range"
+    io_ok qemu-io pre.td "read -P 0x7c $old $((new - old))"
+    qemu_check pre.td
+  done
+done
+# A clone grown with preallocation reads zeros, not its backing file.
+td create -q -f qcow2 pbase.qcow2 $((64 * M))
+io_ok thindisk pbase.qcow2 "write -P 0x11 0 $((64 * M))"
+for opts in "" "extended_l2=off"; do
+  td create -q -f qcow2 ${opts:+-o "$opts"} -b pbase.qcow2 -F qcow2 ptop.td $((16 * M + 512))
+  cp ptop.td ptop.qemu
+  td resize --preallocation=metadata ptop.td $((96 * M))
+  ok "$QEMU_IMG" resize -q --preallocation=metadata ptop.qemu $((96 * M))
+  same_content ptop.td ptop.qemu
+  io_ok qemu-io ptop.td "read -P 0x11 0 $((16 * M + 512))" "read -P 0 $((16 * M + 512)) $((80 * M - 512))"
+  qemu_check ptop.td
+done
+
 log "raw"
 head -c $((8 * M)) /dev/urandom >r.td
 truncate -s $((16 * M)) r.td
@@ -147,7 +208,8 @@ td_fails "multiple of 512" "unaligned qcow2 size" resize top.td $((16 * M + 100)
 td_fails "cannot shrink by" "shrink below 0" resize --shrink top.td -- -1G
 td_fails "missing.qcow2" "missing file" resize missing.qcow2 1G
 td_fails "" "bad size" resize top.td 12Q
-td_fails "preallocation" "qcow2 preallocation" resize --preallocation=full top.td $((128 * M))
+td_fails "preallocation cannot be used when shrinking" "shrink with preallocation" \
+  resize --shrink --preallocation=metadata top.td $((16 * M))
 td resize --shrink top.td -- -$((32 * M))  # relative shrink through '--'
 assert_eq $((64 * M)) "$("$QEMU_IMG" info --output=json top.td | jq '."virtual-size"')" "relative shrink"
 qemu_check top.td
