@@ -254,12 +254,13 @@ uint64_t CaseId(const CaseSpec& spec) {
   return spec.workload_seed << 16 | uint64_t(spec.event) << 8 | uint64_t(spec.fault);
 }
 
-CaseSpec CaseFromId(uint64_t id) {
-  CaseSpec s;
-  s.workload_seed = id >> 16;
-  s.event = io::Event((id >> 8) & 0xff);
-  s.fault = FaultKind(id & 0xff);
-  return s;
+std::optional<CaseSpec> CaseFromId(uint64_t id) {
+  const uint64_t seed = id >> 16, event = (id >> 8) & 0xff, fault = id & 0xff;
+  if (seed > kMaxWorkloadSeed || event >= uint64_t(io::kEventCount) ||
+      fault >= uint64_t(kFaultKinds)) {
+    return std::nullopt;
+  }
+  return CaseSpec{seed, io::Event(event), FaultKind(fault)};
 }
 
 std::string Describe(const CaseSpec& spec) {

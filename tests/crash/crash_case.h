@@ -4,13 +4,14 @@
 // suite proves" on every state the crash leaves behind.
 //
 // A case is fully named by one 64-bit number (CaseId), printed on failure
-// and accepted back through THINDISK_SEED. Single-threaded workloads
+// and accepted back through THINDISK_CRASH_CASE. Single-threaded workloads
 // replay exactly; a workload with 2-4 threads replays the same requests,
 // in a schedule the OS picks.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "io/storage.h"
@@ -28,13 +29,19 @@ enum class FaultKind : uint8_t {
 inline constexpr int kFaultKinds = 6;
 const char* FaultName(FaultKind k);
 
+inline constexpr uint64_t kMaxWorkloadSeed = (uint64_t(1) << 40) - 1;
+
 struct CaseSpec {
-  uint64_t workload_seed = 0;  // < 2^40
+  uint64_t workload_seed = 0;  // <= kMaxWorkloadSeed
   io::Event event = io::Event::kDataWrite;
   FaultKind fault = FaultKind::kNone;
 };
+// seed << 16 | event << 8 | fault.
 uint64_t CaseId(const CaseSpec& spec);
-CaseSpec CaseFromId(uint64_t id);
+// The case an id names; nullopt when it names none (an event >= kEventCount,
+// a fault >= kFaultKinds or a seed > kMaxWorkloadSeed: a mistyped id), so
+// the decoded event can index per-event arrays.
+std::optional<CaseSpec> CaseFromId(uint64_t id);
 std::string Describe(const CaseSpec& spec);  // "seed 12, l2_update, eio"
 
 struct RunOptions {
