@@ -24,6 +24,9 @@ log "nbdcopy export -> export (second connection pair, different offsets)"
 serve_unix c c.sock copy.qcow2
 cpid=$SERVER_PID
 timeout 120 nbdcopy --connections=4 "$(uri s.sock)" "$(uri c.sock)" || fail "export to export copy failed"
+# Checked now, through another client: the convert below overwrites copy.qcow2.
+timeout 120 qemu-img compare -f raw -F raw src.raw "$(uri c.sock)" ||
+  fail "export to export copy differs from the source"
 
 log "qemu-img convert from the export"
 timeout 120 qemu-img convert -f raw -O qcow2 "$(uri s.sock)" conv.qcow2 || fail "convert from export failed"
