@@ -27,7 +27,12 @@ qemu-io -r -f raw "$(uri ro.sock)" -c 'read -P 0x5a 0 64k' >io.out 2>&1 ||
 stop_server "$ropid" ro
 stop_server "$rwpid" rw
 check_clean disk.qcow2
-qemu-img compare ro.qcow2 disk.qcow2 >/dev/null 2>&1 && fail "the good client's write did not land"
-qemu-io -f qcow2 disk.qcow2 -c 'read -P 0x5a 0 64k' -c 'read -P 0 1M 64k' >io.out 2>&1
+# qemu-img compare: 0 identical, 1 different, 2 an error (which must not pass).
+rc=0
+qemu-img compare ro.qcow2 disk.qcow2 >cmp.out 2>&1 || rc=$?
+[[ $rc == 1 ]] || fail "compare ro.qcow2 disk.qcow2: exit $rc, want 1 (the good client's write landed): $(cat cmp.out)"
+# qemu-io exits 1 when any command fails, a pattern mismatch included.
+qemu-io -f qcow2 disk.qcow2 -c 'read -P 0x5a 0 64k' -c 'read -P 0 1M 64k' >io.out 2>&1 ||
+  fail "rejected requests changed the image (or it is unreadable): $(cat io.out)"
 if grep -q "verification failed" io.out; then fail "rejected requests changed the image"; fi
 log "hostile: ok"
