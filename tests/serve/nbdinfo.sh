@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # nbdinfo against `thindisk serve`: --json facts, --list of several exports,
-# --map (base:allocation) against `thindisk map`, and
-# --map=qemu:allocation-depth on a clone (also against qemu-nbd's answer).
+# --map (base:allocation) against `thindisk map`, `qemu-img map` and
+# qemu-nbd serving the same image, and --map=qemu:allocation-depth on a
+# clone (against `thindisk map` and qemu-nbd).
 source "$(dirname "$0")/lib.sh"
-require_tool nbdinfo jq qemu-io qemu-img
+# qemu-nbd comes with qemu-img (qemu-utils, scripts/install-deps.sh): the
+# qemu-side oracles below always run.
+require_tool nbdinfo jq qemu-io qemu-img qemu-nbd
 
 "$TD" create -f qcow2 disk.qcow2 64M >/dev/null
 "$TD" create -f qcow2 other.qcow2 16M >/dev/null
@@ -31,7 +34,7 @@ expect_eq "fresh map extents" "$(jq length map0.json)" 1
 expect_eq "fresh map type" "$(jq '.[0].type' map0.json)" 3
 expect_eq "fresh map length" "$(jq '.[0].length' map0.json)" 67108864
 
-# --- after writes the map matches thindisk map
+# --- after writes the map matches thindisk map, qemu-img map and qemu-nbd
 qemu-io -f raw "$(uri s1.sock)" \
   -c 'write -P 0x11 0 128k' -c 'write -P 0x22 1M 64k' -c 'write -z 2M 1M' \
   -c 'write -P 0x33 8M 2M' -c 'discard 8M 64k' -c 'write -P 0x44 63M 512k' \
@@ -41,14 +44,30 @@ stop_server "$pid1" s1
 # type bits as NBD base:allocation: 1 hole, 2 zero; neighbours of one type merged.
 merge='reduce .[] as $e ([]; if length > 0 and .[-1].type == $e.type
         then .[-1].length += $e.length else . + [$e] end)'
-jq -c "[.[] | {offset, length, type}] | $merge" map1.json >got.json
+nbd_map="[.[] | {offset, length, type}] | $merge"
+# `thindisk map` and `qemu-img map` print the same fields (start, data, zero).
+img_map="[.[] | {offset: .start, length, type: ((if .data then 0 else 1 end) +
+        (if .zero then 2 else 0 end))}] | $merge"
+jq -c "$nbd_map" map1.json >got.json
 "$TD" map --output=json disk.qcow2 >tdmap.json
-jq -c "[.[] | {offset: .start, length, type: ((if .data then 0 else 1 end) +
-        (if .zero then 2 else 0 end))}] | $merge" tdmap.json >want.json
+jq -c "$img_map" tdmap.json >want.json
 [[ $(jq length got.json) -gt 2 ]] || fail "map after writes too simple: $(cat got.json)"
 cmp -s got.json want.json || fail "nbdinfo --map differs from thindisk map:
  nbd:   $(cat got.json)
  local: $(cat want.json)"
+# The independent oracles: qemu reads the same file.
+qemu-img map -f qcow2 --output=json disk.qcow2 >qimgmap.json
+jq -c "$img_map" qimgmap.json >want_qemu.json
+cmp -s got.json want_qemu.json || fail "nbdinfo --map differs from qemu-img map:
+ thindisk: $(cat got.json)
+ qemu-img: $(cat want_qemu.json)"
+qemu_nbd_unix qemu-nbd-map "$TMP/qm.sock" -f qcow2 -r -t disk.qcow2
+nbdinfo --map --json "$(uri qm.sock)" >qnbdmap.json
+kill_server "$SERVER_PID"
+jq -c "$nbd_map" qnbdmap.json >got_qemu_nbd.json
+cmp -s got.json got_qemu_nbd.json || fail "base:allocation differs from qemu-nbd's:
+ thindisk: $(cat got.json)
+ qemu-nbd: $(cat got_qemu_nbd.json)"
 check_clean disk.qcow2
 
 # --- --list with several exports (and the right sizes)
@@ -76,7 +95,7 @@ serve_unix s3 s3.sock -r clone.qcow2
 pid3=$SERVER_PID
 nbdinfo --map=qemu:allocation-depth --json "$(uri s3.sock)" >depth.json
 stop_server "$pid3" s3
-jq -c "[.[] | {offset, length, type}] | $merge" depth.json >got_depth.json
+jq -c "$nbd_map" depth.json >got_depth.json
 # qemu:allocation-depth: 0 unallocated, 1 this image, 2 its backing file.
 "$TD" map --output=json clone.qcow2 >clone_map.json
 jq -c "[.[] | {offset: .start, length, type: (if .present then .depth + 1 else 0 end)}] | $merge" \
@@ -85,13 +104,11 @@ cmp -s got_depth.json want_depth.json || fail "allocation-depth differs from thi
  nbd:   $(cat got_depth.json)
  local: $(cat want_depth.json)"
 expect_eq "depth kinds" "$(jq -c '[.[].type] | unique' got_depth.json)" "[0,1,2]"
-if command -v qemu-nbd >/dev/null; then
-  qemu_nbd_unix qemu-nbd "$TMP/q.sock" -f qcow2 -r -A -t clone.qcow2
-  nbdinfo --map=qemu:allocation-depth --json "$(uri q.sock)" >qdepth.json
-  kill_server "$SERVER_PID"
-  jq -c "[.[] | {offset, length, type}] | $merge" qdepth.json >q_depth.json
-  cmp -s got_depth.json q_depth.json || fail "allocation-depth differs from qemu-nbd's:
+qemu_nbd_unix qemu-nbd "$TMP/q.sock" -f qcow2 -r -A -t clone.qcow2
+nbdinfo --map=qemu:allocation-depth --json "$(uri q.sock)" >qdepth.json
+kill_server "$SERVER_PID"
+jq -c "$nbd_map" qdepth.json >q_depth.json
+cmp -s got_depth.json q_depth.json || fail "allocation-depth differs from qemu-nbd's:
  thindisk: $(cat got_depth.json)
  qemu-nbd: $(cat q_depth.json)"
-fi
 log "nbdinfo: ok"
