@@ -23,9 +23,14 @@ fail() {
 
 log() { echo "--- $*"; }
 
+# capabilities_required: true when CI or THINDISK_REQUIRE_TOOLS is set, i.e.
+# a missing tool or capability (io_uring, a tmpfs mount) must fail the test
+# rather than skip it (the gtests' rule too: src/util/capability_test_util.h).
+capabilities_required() { [[ -n ${CI:-} || -n ${THINDISK_REQUIRE_TOOLS:-} ]]; }
+
 # skip_or_fail REASON: a missing prerequisite skips locally, fails in CI.
 skip_or_fail() {
-  if [[ -n ${CI:-} || -n ${THINDISK_REQUIRE_TOOLS:-} ]]; then
+  if capabilities_required; then
     fail "$* (CI/THINDISK_REQUIRE_TOOLS set: missing tools are failures)"
   fi
   echo "SKIP [$TEST_NAME]: $*" >&2

@@ -6,7 +6,9 @@
 # on the live image, leaks allowed), and once the filler is deleted the SAME
 # server must take writes and flushes again, with every acknowledged write
 # that a flush covered reading back (crash_client.c's model). Runs with the
-# default cache, with --cache=none (O_DIRECT) plus io_uring, and on a clone.
+# default cache, with --cache=none (O_DIRECT) plus io_uring (which must
+# really be used: expect_uring_used), and on a clone. Every client run has a
+# time limit, so a request left unanswered fails instead of hanging.
 #
 # Needs root (mount -t tmpfs); skips otherwise unless CI is set.
 source "$(dirname "$0")/lib.sh"
@@ -41,6 +43,16 @@ live_check() { # IMAGE: qemu-img's view of the live image, leaks allowed
   [[ $rc == 0 || $rc == 3 ]] || { cat qcheck.out >&2; fail "qemu-img check -U $1 exited $rc ($2)"; }
 }
 verify() { crash_verify "$1" "$2" "$ALL_ZONES" "verify $3"; } # SOCKET LOG WHEN
+# client MODE ARGS...: crash_client.c under a time limit (a few seconds are
+# enough for any step here), so a request the server never answers fails
+# the test with this message instead of hanging it until the ctest timeout.
+CLIENT_LIMIT=120
+client() {
+  local rc=0
+  timeout "$CLIENT_LIMIT" "$CRASH_CLIENT" "$@" || rc=$?
+  ((rc != 124)) || fail "crash_client $1 did not finish within ${CLIENT_LIMIT}s (a request left unanswered?)"
+  return $rc
+}
 
 # cycle NAME SERVER_OPTIONS...: one fill-fail-recover cycle on a fresh image
 # (a clone of $BACKING when that is set).
@@ -61,14 +73,14 @@ cycle() {
 
   # 1. Write until the disk is full: the first error must be ENOSPC (28).
   rc=0
-  out=$("$CRASH_CLIENT" seq "$(uri "$name.sock")" "$hlog" "$SEED" "$ZONES" $((256 << 10))) || rc=$?
+  out=$(client seq "$(uri "$name.sock")" "$hlog" "$SEED" "$ZONES" $((256 << 10))) || rc=$?
   [[ $rc == 0 ]] || fail "$name: the connection died while the disk filled (client exit $rc)"
   [[ $out == first_error=28\ * ]] ||
     fail "$name: writes on a full disk: $out (want ENOSPC=28 first)"
   # Random writes, write_zeroes and flushes while full (partial-cluster
   # copy-on-write, new L2 tables): each fails with ENOSPC or succeeds.
   rc=0
-  CRASH_CLIENT_SAME_SERVER=1 "$CRASH_CLIENT" run "$(uri "$name.sock")" "$hlog" "$SEED" \
+  CRASH_CLIENT_SAME_SERVER=1 client run "$(uri "$name.sock")" "$hlog" "$SEED" \
     "$ZONES" 300 8 2>client.err || rc=$?
   [[ $rc == 0 || $rc == 4 ]] || fail "$name: random writes on a full disk: client exit $rc"
   if grep -E '^F?E ' "$hlog" | grep -v ' 28$' >errors.out; then
@@ -79,6 +91,7 @@ cycle() {
   # 2. The server is alive: a new connection, reads of everything, and a
   # consistent image on disk.
   kill -0 "$pid" 2>/dev/null || fail "$name: the server exited on ENOSPC: $(cat "$name.err")"
+  [[ $* == *io_uring* ]] && expect_uring_used "$pid" "$name.err" "$name"
   nbdinfo "$(uri "$TMP/$name.sock")" >info.out 2>&1 || { cat info.out >&2; fail "$name: nbdinfo"; }
   verify "$name.sock" "$hlog" "$name: after ENOSPC"
   live_check "$img" "after ENOSPC"
@@ -86,9 +99,9 @@ cycle() {
   # 3. Space comes back: the same server takes random writes (and flushes),
   # and a rewrite of every zone, then everything reads back.
   rm -f "$MNT/filler"
-  CRASH_CLIENT_SAME_SERVER=1 "$CRASH_CLIENT" run "$(uri "$name.sock")" "$hlog" "$SEED" "$ZONES" \
+  CRASH_CLIENT_SAME_SERVER=1 client run "$(uri "$name.sock")" "$hlog" "$SEED" "$ZONES" \
     400 8 || fail "$name: writes after freeing space (client exit $?)"
-  out=$(CRASH_CLIENT_SAME_SERVER=1 "$CRASH_CLIENT" seq "$(uri "$name.sock")" "$hlog" "$SEED" \
+  out=$(CRASH_CLIENT_SAME_SERVER=1 client seq "$(uri "$name.sock")" "$hlog" "$SEED" \
     "$ZONES" $((1 << 20)))
   expect_eq "$name: rewriting every zone after freeing space" "$out" "first_error=0 flush=0"
   verify "$name.sock" "$hlog" "$name: after freeing space"
@@ -110,7 +123,7 @@ cycle() {
   serve_unix "$name-stop" "$name-stop.sock" "$@" "$img"
   pid=$SERVER_PID
   fallocate -l $(($(avail) - 4 * M)) "$MNT/filler"
-  out=$("$CRASH_CLIENT" seq "$(uri "$name-stop.sock")" "$hlog" "$SEED" "$EXTRA_ZONE" $((256 << 10)))
+  out=$(client seq "$(uri "$name-stop.sock")" "$hlog" "$SEED" "$EXTRA_ZONE" $((256 << 10)))
   [[ $out == first_error=28\ * ]] || fail "$name: filling the disk again: $out"
   terminate "$pid" "$name-stop (on a full disk)"
   rc=$STOP_RC
@@ -131,7 +144,7 @@ cycle direct --cache=none --aio=io_uring
 "$TD" create -q base.qcow2 $((4 * G))
 serve_unix base base.sock base.qcow2
 BASE_ZONES="0+$((4 * M)),$((G + 5 * M))+$((4 * M)),$((3 * G))+$((4 * M))"
-out=$("$CRASH_CLIENT" seq "$(uri base.sock)" base.log "$SEED" "$BASE_ZONES" $((1 << 20)))
+out=$(client seq "$(uri base.sock)" base.log "$SEED" "$BASE_ZONES" $((1 << 20)))
 expect_eq "filling the base" "$out" "first_error=0 flush=0"
 stop_server "$SERVER_PID" base
 BACKING=$TMP/base.qcow2

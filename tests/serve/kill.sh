@@ -13,7 +13,8 @@
 #       value some write put in that very byte).
 # Rounds run on a fresh default-layout image, on qemu's default layout, on a
 # compressed image and on a clone of a backing file, with server options
-# (io_uring, O_DIRECT, a small metadata cache, discard) drawn from the seed.
+# (io_uring, O_DIRECT, a small metadata cache, discard) drawn from the seed;
+# an io_uring round checks that the server really holds rings before the kill.
 # The last state is also read through qemu-img convert (an independent
 # reader) and repaired.
 #
@@ -66,7 +67,7 @@ verify() { crash_verify "$1" "$2" "$ZONES" "verify after round $ROUND (log $2)";
 ROUND=0 MID_WRITE=0
 # rounds IMAGE LOG COUNT: COUNT kill-restart-verify cycles on IMAGE.
 rounds() {
-  local img=$1 hlog=$2 count=$3 i c sock opts qd ms crc cpids
+  local img=$1 hlog=$2 count=$3 i c w sock opts qd ms crc cpids
   for ((i = 0; i < count; i++)); do
     ROUND=$((ROUND + 1))
     sock=r$ROUND.sock
@@ -95,12 +96,19 @@ rounds() {
         100000 $qd >client.out 2>client.err &
       cpids=($!)
     fi
-    # The kill clock starts once the clients are connected.
+    # The kill clock starts once the clients are connected (or gone: their
+    # exit status is judged below), within 30 s.
     for ((c = 0; c < ${#cpids[@]}; c++)); do
-      while [[ ! -e ready.$c ]] && kill -0 "${cpids[c]}" 2>/dev/null; do sleep 0.01; done
+      for ((w = 0; w < 3000; w++)); do
+        [[ -e ready.$c ]] || ! kill -0 "${cpids[c]}" 2>/dev/null && break
+        sleep 0.01
+      done
+      ((w < 3000)) || fail "client $c neither connected nor exited within 30 s in round $ROUND"
     done
     ms=$((20 + RANDOM % 300))
     sleep "$(printf '0.%03d' "$ms")"
+    # Mid-workload, the server's threads hold their rings.
+    [[ $opts == *io_uring* ]] && expect_uring_used "$SERVER_PID" "r$ROUND.err" "round $ROUND"
     # Now and then the kill lands during the clean shutdown's final flush.
     if ((RANDOM % 5 == 0)); then
       kill -TERM "$SERVER_PID" 2>/dev/null || true
