@@ -8,10 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <set>
-#include <thread>
 
 #include "nbd/protocol.h"
 #include "nbd/testing/memory_device.h"
@@ -23,8 +21,10 @@ namespace thindisk::nbd {
 namespace {
 
 using testing::kSize;
+using testing::LogWatcher;
 using testing::MemoryDevice;
 using testing::Pattern;
+using testing::ProbedDevice;
 using testing::RawClient;
 using testing::ServerTest;
 using testing::TestServer;
@@ -133,7 +133,10 @@ TEST_F(ServerTest, ClientThatNeverReadsRepliesStallsOnlyItself) {
   // its writer blocks; the shared worker threads must not.
   for (int i = 0; i < 64; ++i)
     ASSERT_TRUE(greedy->SendRequest(0, kCmdRead, i, 0, 1 << 20).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The in-flight cap (64 MiB) admits all 64, and the pool runs every one
+  // although the socket takes only the first few hundred KiB of replies:
+  // the rest wait on the connection's writer, not on the pool's threads.
+  ASSERT_TRUE(disk_->WaitForReads(64)) << disk_->reads() << " of 64 reads ran";
   ExpectStillServing();
   ExpectStillServing();
   // Shutdown is bounded by drain_timeout even with the greedy client.
@@ -142,28 +145,16 @@ TEST_F(ServerTest, ClientThatNeverReadsRepliesStallsOnlyItself) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
 }
 
-// A device that counts reads, to see how much work a connection does.
-class CountingDevice : public MemoryDevice {
- public:
-  using MemoryDevice::MemoryDevice;
-  Status Read(uint64_t offset, std::span<uint8_t> buf) override {
-    reads_.fetch_add(1);
-    return MemoryDevice::Read(offset, buf);
-  }
-  size_t reads() const { return reads_.load(); }
-
- private:
-  std::atomic<size_t> reads_{0};
-};
-
 // A client that pipelines many reads, never reads a reply and vanishes:
 // once its replies cannot be sent, the server must stop taking its queued
 // requests instead of running every one (up to 4 GiB of reads for nobody).
 TEST(ServerVanishedReader, RequestsOfAClientWhoseRepliesFailAreNotRun) {
-  auto disk = std::make_shared<CountingDevice>(kSize);
+  auto disk = std::make_shared<ProbedDevice>(kSize);  // counts the reads run
   ASSERT_TRUE(disk->Write(0, Pattern(kSize, 5), {}).ok());
+  LogWatcher log;
   ServerOptions options;
   options.connection.max_inflight_bytes = 2 << 20;
+  options.connection.log = log.Sink();
   TestServer server({{"disk", "", disk, false}}, options);
   auto c = RawClient::ConnectUnix(server.socket_path());
   ASSERT_TRUE(c.has_value());
@@ -171,14 +162,15 @@ TEST(ServerVanishedReader, RequestsOfAClientWhoseRepliesFailAreNotRun) {
   constexpr int kReads = 96;
   for (int i = 0; i < kReads; ++i)
     ASSERT_TRUE((*c)->SendRequest(0, kCmdRead, i, 0, 1 << 20).ok());
-  // The in-flight cap holds the server at ~2 MiB of replies it cannot send.
-  for (int i = 0; i < 100 && disk->reads() < 2; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // The in-flight cap admits two 1 MiB reads; their replies fill the
+  // socket, so nothing more is admitted while the client takes none.
+  ASSERT_TRUE(disk->WaitForReads(2)) << disk->reads() << " reads ran";
   const size_t before = disk->reads();
   EXPECT_LT(before, size_t(kReads / 2));
   c->reset();  // gone, with its requests still queued
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The connection logs why it ended once its last request was answered:
+  // from then on nothing more runs for it, so the count is final.
+  ASSERT_TRUE(log.WaitFor("nbd: connection ended")) << log.Lines();
   EXPECT_LE(disk->reads(), before + 3) << "requests kept running after the client left";
   EXPECT_TRUE(server.Stop().ok());
 }

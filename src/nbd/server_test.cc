@@ -10,8 +10,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
+#include <cstdlib>
 #include <random>
+#include <string>
 #include <thread>
 
 #include "nbd/fd_io.h"
@@ -25,8 +26,10 @@ namespace thindisk::nbd {
 namespace {
 
 using testing::kSize;
+using testing::LogWatcher;
 using testing::MemoryDevice;
 using testing::Pattern;
+using testing::ProbedDevice;
 using testing::RawClient;
 using testing::ServerTest;
 
@@ -341,14 +344,18 @@ TEST_F(ServerTest, ClientVanishingMidRequest) {
 }
 
 TEST_F(ServerTest, ClientVanishingBeforeItsReply) {
-  Start();
-  disk_->set_write_delay_ms(100);
+  LogWatcher log;
+  ServerOptions options;
+  options.connection.log = log.Sink();
+  Start(options);
+  disk_->HoldWrites();
   {
     auto c = Open("disk", false);
     ASSERT_TRUE(c->SendRequest(0, kCmdWrite, 1, 0, 4096, Pattern(4096, 4)).ok());
-  }  // closed while the write is in flight: its reply has nowhere to go
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  disk_->set_write_delay_ms(0);
+    ASSERT_TRUE(disk_->WaitForWritesStarted(1));
+  }  // closed while the write is in the device: its reply has nowhere to go
+  disk_->ReleaseWrites();
+  ASSERT_TRUE(log.WaitFor("nbd: cannot send reply")) << log.Lines();
   ExpectStillServing();
 }
 
@@ -381,10 +388,16 @@ TEST_F(ServerTest, RandomSessionsNeverHurtTheServer) {
 // ---- Connections as fd pairs, shutdown ----
 
 TEST(ServerFdPair, SocketpairConnectionAndGracefulShutdown) {
-  auto disk = std::make_shared<MemoryDevice>(kSize);
-  disk->set_write_delay_ms(300);
+  auto disk = std::make_shared<ProbedDevice>(kSize);
+  disk->HoldWrites();
   auto server = Server::Create({{"", "", disk, false}}, {});
   ASSERT_TRUE(server.has_value());
+  // A listener too, only as a signal: the server unlinks its socket when
+  // it begins to shut down, before it waits for requests in flight.
+  char dir[] = "/tmp/td-nbd-fdpair-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  const std::string listen_path = std::string(dir) + "/nbd.sock";
+  ASSERT_TRUE((*server)->ListenUnix(listen_path).ok());
   int sv[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
   (*server)->AddConnection(sv[0], sv[0], /*owns_fds=*/true);
@@ -393,9 +406,14 @@ TEST(ServerFdPair, SocketpairConnectionAndGracefulShutdown) {
   RawClient c(sv[1]);
   ASSERT_TRUE(c.Handshake("", false).has_value());
   ASSERT_TRUE(c.SendRequest(0, kCmdWrite, 1, 0, 4096, Pattern(4096, 8)).ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the write is in flight
+  ASSERT_TRUE(disk->WaitForWritesStarted(1));  // the write is in flight, held in the device
   const size_t flushes_before = disk->flushes();
   (*server)->RequestShutdown();
+  // Shutdown is under way while the write is still held; then it ends.
+  EXPECT_TRUE(testing::WaitUntil([&] { return access(listen_path.c_str(), F_OK) != 0; }))
+      << "the server did not begin to shut down";
+  disk->ReleaseWrites();
+  (void)rmdir(dir);
   // The in-flight write is still answered, then the connection ends.
   auto r = c.ReadReply();
   ASSERT_TRUE(r.has_value()) << r.status().ToString();
