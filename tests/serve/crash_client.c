@@ -23,6 +23,9 @@
  * LOG) and the sector number, so a sector tells which write it came from.
  *
  * With CRASH_CLIENT_READY=PATH, run and seq create PATH once connected.
+ * Requests in flight get CRASH_CLIENT_REPLY_TIMEOUT seconds (default 60)
+ * without any reply or other progress; then the client reports a hung
+ * server and exits 2.
  * Several run clients may share one LOG (O_APPEND keeps each line whole and
  * in real-time order, so a flush logged after another client's ack covers
  * it: NBD multi-conn): each gets CRASH_CLIENT_FIRST=N (the same first free
@@ -223,11 +226,32 @@ static int Submit(struct nbd_handle* h, Op* op, char kind, uint32_t flags) {
   return 0;
 }
 
-/* Waits for one reply. Returns -1 once the connection is dead. */
+/* How long the server may leave requests in flight without any progress
+ * on the connection (CRASH_CLIENT_REPLY_TIMEOUT seconds, default 60): a
+ * live server answers within milliseconds, a killed one closes the socket,
+ * so waiting longer means it hangs, and the client says so instead of
+ * waiting for the test's timeout. */
+static int ReplyTimeoutMs(void) {
+  static int ms = 0;
+  if (!ms) {
+    const char* v = getenv("CRASH_CLIENT_REPLY_TIMEOUT");
+    long s = v && *v ? strtol(v, NULL, 10) : 60;
+    if (s < 1 || s > 3600) Die("CRASH_CLIENT_REPLY_TIMEOUT must be 1..3600 seconds");
+    ms = (int)s * 1000;
+  }
+  return ms;
+}
+
+/* Waits for one reply, at most ReplyTimeoutMs() without progress (then
+ * exits 2). Returns -1 once the connection is dead. */
 static int Poll(struct nbd_handle* h) {
   if (nbd_aio_is_dead(h) || nbd_aio_is_closed(h)) return -1;
   if (nbd_aio_in_flight(h) == 0) return 0;
-  return nbd_poll(h, -1) == -1 ? -1 : 0;
+  int r = nbd_poll(h, ReplyTimeoutMs());
+  if (r == 0)
+    Die("no progress on %d request(s) in flight for %d s: the server hangs",
+        nbd_aio_in_flight(h), ReplyTimeoutMs() / 1000);
+  return r == -1 ? -1 : 0;
 }
 
 static int Drain(struct nbd_handle* h) {
