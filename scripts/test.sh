@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one test command: install dependencies, then build and run every ctest
 # suite twice, once optimized (build/) and once under ASan+UBSan (build-asan/).
-# Exits non-zero on any failure. Sized for 2 cores in under 30 minutes.
+# Exits non-zero on any failure. Sized for 2 cores in under 60 minutes (~48 measured).
 #
 # Environment:
 #   THINDISK_SKIP_DEPS=1   skip scripts/install-deps.sh (developer machines)
@@ -124,7 +124,7 @@ fi
 if [[ ${THINDISK_SKIP_FUZZ:-0} != 1 ]]; then
   # libFuzzer needs clang: fuzz/run.sh builds the targets with clang 14 under
   # ASan+UBSan into build-fuzz/ and runs each for a bounded time from the
-  # committed seed corpus; the committed crashers are then replayed by ctest.
+  # committed seed corpus; then ctest replays that corpus and any crasher committed under fuzz/regressions/
   step "fuzz (${THINDISK_FUZZ_SECONDS:-60} s per target)"
   fuzz_ok=1
   bash fuzz/run.sh "${THINDISK_FUZZ_SECONDS:-60}" || fuzz_ok=0
