@@ -2,7 +2,8 @@
 //
 // DESIGN.md P1 / workload W2: 4 KiB random first writes (distinct, seeded)
 // over the first `span` bytes (1 GiB) of a fresh `size` (4 GiB) image, then
-// one Flush. For each configuration it prints
+// one Flush; with --flush-every N, also a Flush after every N writes (1: a
+// database on a fresh disk, workload W8). For each configuration it prints
 //   written/guest    = host bytes written (io::Storage::bytes_written, after
 //                      creation) per guest byte written: write amplification
 //   allocated/guest  = host bytes allocated (st_blocks, after creation) per
@@ -16,7 +17,7 @@
 // directory under DIR (default /var/tmp: a real disk, not tmpfs).
 //
 // Usage: first_write_amplification [DIR] [--size BYTES] [--span BYTES]
-//            [--writes N] [--seed N] [--max-amplification X]
+//            [--writes N] [--seed N] [--flush-every N] [--max-amplification X]
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -47,6 +48,7 @@ struct Options {
   uint64_t span = 1ull << 30;
   uint64_t writes = 0;  // 0: one write per 64 KiB of span on average
   uint64_t seed = 1;
+  uint64_t flush_every = 0;  // 0: one Flush after the last write only
   double max_amplification = 0;  // 0: report only
 };
 
@@ -86,6 +88,11 @@ Result<std::unique_ptr<io::Storage>> CreateFile(const std::string& path) {
   return io::OpenFile(path, o);
 }
 
+// True after the writes after which --flush-every asks for a Flush.
+bool FlushAfter(const Options& o, uint64_t writes_done) {
+  return o.flush_every != 0 && writes_done % o.flush_every == 0;
+}
+
 Result<Figures> Run(const Config& c, const Options& o, const std::string& path,
                     const std::vector<uint64_t>& offsets) {
   std::vector<uint8_t> data(kBlock);
@@ -99,6 +106,7 @@ Result<Figures> Run(const Config& c, const Options& o, const std::string& path,
       std::memset(data.data(), int(off / kBlock % 251 + 1), data.size());
       TD_RETURN_IF_ERROR(storage->WriteAt(off, data));
       f.guest += data.size();
+      if (FlushAfter(o, f.guest / kBlock)) TD_RETURN_IF_ERROR(storage->Flush());
     }
     TD_RETURN_IF_ERROR(storage->Flush());
     f.written = storage->bytes_written() - written0;
@@ -121,6 +129,7 @@ Result<Figures> Run(const Config& c, const Options& o, const std::string& path,
     std::memset(data.data(), int(off / kBlock % 251 + 1), data.size());
     TD_RETURN_IF_ERROR(image->Write(off, data));
     f.guest += data.size();
+    if (FlushAfter(o, f.guest / kBlock)) TD_RETURN_IF_ERROR(image->Flush());
   }
   TD_RETURN_IF_ERROR(image->Flush());
   f.written = image->storage().bytes_written() - written0;
@@ -150,7 +159,8 @@ bool ParseU64(const char* text, uint64_t* out) {
 int Usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [DIR] [--size BYTES] [--span BYTES] [--writes N] [--seed N]\n"
-               "          [--max-amplification X]   (sizes take k/M/G suffixes)\n",
+               "          [--flush-every N] [--max-amplification X]   (sizes take k/M/G "
+               "suffixes)\n",
                argv0);
   return 2;
 }
@@ -161,9 +171,10 @@ int Main(int argc, char** argv) {
     std::string a = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     const char* v = nullptr;
-    if (a == "--size" || a == "--span" || a == "--writes" || a == "--seed") {
+    if (a == "--size" || a == "--span" || a == "--writes" || a == "--seed" ||
+        a == "--flush-every") {
       uint64_t* dst = a == "--size" ? &o.size : a == "--span" ? &o.span
-                    : a == "--writes" ? &o.writes : &o.seed;
+                    : a == "--writes" ? &o.writes : a == "--seed" ? &o.seed : &o.flush_every;
       if (!(v = value()) || !ParseU64(v, dst)) return Usage(argv[0]);
     } else if (a == "--max-amplification") {
       if (!(v = value())) return Usage(argv[0]);
@@ -184,8 +195,14 @@ int Main(int argc, char** argv) {
   }
   std::vector<uint64_t> offsets = FirstWriteOffsets(o);
   std::printf("%" PRIu64 " random 4 KiB first writes (seed %" PRIu64 ") over %" PRIu64
-              " MiB of a %" PRIu64 " MiB image in %s\n",
+              " MiB of a %" PRIu64 " MiB image in %s, ",
               uint64_t(offsets.size()), o.seed, o.span >> 20, o.size >> 20, o.dir.c_str());
+  if (o.flush_every == 0) {
+    std::printf("one flush after the last\n");
+  } else {
+    std::printf("a flush after every %" PRIu64 " write%s\n", o.flush_every,
+                o.flush_every == 1 ? "" : "s");
+  }
   std::printf("%-38s %14s %14s %10s %14s %10s\n", "configuration", "guest bytes", "host written",
               "written/g", "host alloc", "alloc/g");
 
