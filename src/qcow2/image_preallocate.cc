@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "io/zero_fill.h"
 #include "qcow2/image_impl.h"
 #include "qcow2/preallocate.h"
 
@@ -81,7 +82,7 @@ Status ImageImpl::PreallocateBatch(uint64_t first, uint64_t count, Preallocation
     }
     if (!r.fresh) {
       // Freed clusters keep their old bytes: standard L2 would read them.
-      TD_RETURN_IF_ERROR(WriteZeroBytes(*storage_, r.offset, r.length));
+      TD_RETURN_IF_ERROR(io::WriteZeroBytes(*storage_, r.offset, r.length));
     } else {
       TD_RETURN_IF_ERROR(PreallocateHostRange(*storage_, r.offset, r.length, mode, warning));
     }

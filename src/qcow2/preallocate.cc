@@ -3,27 +3,9 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
-#include <span>
-#include <vector>
+#include "io/zero_fill.h"
 
 namespace thindisk::qcow2 {
-namespace {
-
-constexpr uint64_t kZeroChunk = 1ull << 20;  // zero-fill write size
-
-}  // namespace
-
-Status WriteZeroBytes(io::Storage& storage, uint64_t offset, uint64_t length) {
-  std::vector<uint8_t> zeros(std::min(length, kZeroChunk), 0);
-  while (length > 0) {
-    uint64_t n = std::min<uint64_t>(length, zeros.size());
-    TD_RETURN_IF_ERROR(storage.WriteAt(offset, std::span<const uint8_t>(zeros.data(), n)));
-    offset += n;
-    length -= n;
-  }
-  return Status::Ok();
-}
 
 Status PreallocateHostRange(io::Storage& storage, uint64_t offset, uint64_t length,
                             Preallocation mode, std::string* warning) {
@@ -40,7 +22,7 @@ Status PreallocateHostRange(io::Storage& storage, uint64_t offset, uint64_t leng
     }
     mode = Preallocation::kFull;
   }
-  if (mode == Preallocation::kFull) return WriteZeroBytes(storage, offset, length);
+  if (mode == Preallocation::kFull) return io::WriteZeroBytes(storage, offset, length);
   return Status::Ok();
 }
 

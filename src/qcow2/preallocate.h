@@ -12,9 +12,6 @@
 
 namespace thindisk::qcow2 {
 
-// Writes zeros over [offset, offset + length) of `storage`, 1 MiB at a time.
-Status WriteZeroBytes(io::Storage& storage, uint64_t offset, uint64_t length);
-
 // Prepares the host range [offset, offset + length) per `mode`: kOff and
 // kMetadata do nothing; kFalloc reserves the space (fallocate), and where
 // the host cannot (kNotSupported) writes zeros as kFull does and sets

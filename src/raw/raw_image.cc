@@ -4,27 +4,11 @@
 #include <vector>
 
 #include "block/read_only_image.h"
+#include "io/zero_fill.h"
 
 namespace thindisk::raw {
 
-namespace {
-
-// Zeros are written in pieces of this size when the host can't zero or
-// reserve a range itself: big enough to stream, small enough to allocate.
-constexpr uint64_t kZeroChunk = 1ull << 20;
-
-Status WriteZeroBytes(io::Storage& storage, uint64_t offset, uint64_t length) {
-  std::vector<uint8_t> zeros(std::min(length, kZeroChunk), 0);
-  while (length > 0) {
-    uint64_t n = std::min<uint64_t>(length, zeros.size());
-    TD_RETURN_IF_ERROR(storage.WriteAt(offset, std::span<const uint8_t>(zeros.data(), n)));
-    offset += n;
-    length -= n;
-  }
-  return Status::Ok();
-}
-
-}  // namespace
+using io::WriteZeroBytes;
 
 RawImage::RawImage(std::unique_ptr<io::Storage> storage, uint64_t size, bool read_only,
                    std::string filename)
