@@ -9,6 +9,7 @@
 namespace thindisk::qcow2 {
 namespace {
 
+using testing::BackedBy;
 using testing::CreateMem;
 using testing::ExpectContent;
 using testing::MemImage;
@@ -23,6 +24,14 @@ CreateOptions Opts(uint32_t cluster, bool extended, uint64_t size) {
   o.size = size;
   o.cluster_size = cluster;
   o.extended_l2 = extended;
+  return o;
+}
+
+// Opts for a clone of a raw "base.raw" (open it with BackedBy).
+CreateOptions CloneOpts(uint32_t cluster, bool extended, uint64_t size) {
+  CreateOptions o = Opts(cluster, extended, size);
+  o.backing_file = "base.raw";
+  o.backing_format = "raw";
   return o;
 }
 
@@ -111,15 +120,8 @@ TEST_P(ResizeTest, ShrinkCloneHidesBackingWhenRegrown) {
   auto [cluster, extended] = GetParam();
   const uint64_t size = 4 * kMiB;
   auto base = Pattern(4, size);
-  OpenOptions oo;
-  oo.open_backing = [&](const std::string&, const std::string&)
-      -> Result<std::unique_ptr<block::Device>> {
-    return std::unique_ptr<block::Device>(new testing::FakeDevice(base));
-  };
-  CreateOptions co = Opts(cluster, extended, size);
-  co.backing_file = "base.raw";
-  co.backing_format = "raw";
-  MemImage m = CreateMem(co, oo);
+  const OpenOptions oo = BackedBy(base);
+  MemImage m = CreateMem(CloneOpts(cluster, extended, size), oo);
   std::vector<uint8_t> model = base;
   auto top = Pattern(5, 64 * kKiB);
   ASSERT_TRUE(m.image->Write(kMiB, top).ok());
@@ -186,15 +188,8 @@ TEST_P(ResizeTest, GrowPreallocatedCloneReadsZerosNotBacking) {
   auto [cluster, extended] = GetParam();
   const uint64_t size = 4 * kMiB;
   auto base = Pattern(8, size);
-  OpenOptions oo;
-  oo.open_backing = [&](const std::string&, const std::string&)
-      -> Result<std::unique_ptr<block::Device>> {
-    return std::unique_ptr<block::Device>(new testing::FakeDevice(base));
-  };
-  CreateOptions co = Opts(cluster, extended, size);
-  co.backing_file = "base.raw";
-  co.backing_format = "raw";
-  MemImage m = CreateMem(co, oo);
+  const OpenOptions oo = BackedBy(base);
+  MemImage m = CreateMem(CloneOpts(cluster, extended, size), oo);
   const uint64_t cut = kMiB + 4096;
   ASSERT_TRUE(m.image->Resize(cut, true).ok());
   ASSERT_TRUE(m.image->GrowPreallocated(size, Preallocation::kMetadata, nullptr).ok());
