@@ -1,5 +1,5 @@
-// Test helpers for the io tests: a temp dir that is removed with its
-// contents, and where to put it when a test needs O_DIRECT.
+// Test helpers for the io tests: their temp dir, and where to put it when a
+// test needs O_DIRECT.
 #pragma once
 
 #include <fcntl.h>
@@ -12,31 +12,11 @@
 #include <vector>
 
 #include "util/capability_test_util.h"
+#include "util/temp_dir_test_util.h"
 
 namespace thindisk::io::test_util {
 
-// A fresh directory `base`/`prefix`.XXXXXX, removed (recursively) by the
-// destructor; ok() is false when it could not be made.
-class TempDir {
- public:
-  explicit TempDir(const std::string& base = "/var/tmp",
-                   const char* prefix = "td_io_test") {
-    std::string tmpl = base + "/" + prefix + ".XXXXXX";
-    if (!base.empty() && mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  bool ok() const { return !path_.empty(); }
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
+using ::thindisk::test_env::TempDir;
 
 // Whether a file created in `dir` can be opened with O_DIRECT (tmpfs before
 // Linux 6.6 and some overlay or FUSE filesystems refuse it). The probe file

@@ -20,6 +20,7 @@
 #include "nbd/server.h"
 #include "nbd/testing/memory_device.h"
 #include "nbd/testing/raw_client.h"
+#include "util/temp_dir_test_util.h"
 
 namespace thindisk::nbd {
 namespace {
@@ -27,21 +28,7 @@ namespace {
 using testing::MemoryDevice;
 using testing::RawClient;
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/td-nbd-run-XXXXXX";
-    path_ = mkdtemp(tmpl) ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_env::TempDir;
 
 std::vector<Export> OneExport(std::shared_ptr<MemoryDevice> d) {
   return {{"disk", "", std::move(d), false}};
@@ -77,7 +64,7 @@ void WriteRead(RawClient& c) {
 }
 
 TEST(RunServer, UnixSocketAndSigtermShutsDownGracefully) {
-  TempDir dir;
+  TempDir dir("/tmp", "td-nbd-run");
   auto disk = std::make_shared<MemoryDevice>(1 << 20);
   ServeOptions o;
   o.unix_socket = dir.path() + "/s.sock";
@@ -155,7 +142,7 @@ TEST(RunServer, StdioModeInAChildProcess) {
 }
 
 TEST(RunServer, SocketActivationInAChildProcess) {
-  TempDir dir;
+  TempDir dir("/tmp", "td-nbd-run");
   const std::string path = dir.path() + "/activated.sock";
   auto listener = ListenUnix(path);
   ASSERT_TRUE(listener.has_value());

@@ -14,6 +14,7 @@
 
 #include "qcow2/check.h"
 #include "qcow2/image_test_util.h"
+#include "util/temp_dir_test_util.h"
 
 namespace thindisk::qcow2 {
 namespace {
@@ -127,18 +128,7 @@ TEST(CompactTest, KeepsBackingNameAndExtensions) {
 
 // ---- CompactFile on real files ----
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/thindisk-compact-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using test_env::TempDir;
 
 std::vector<uint8_t> MakeImageFile(const std::string& path) {
   io::OpenOptions create;
@@ -163,7 +153,7 @@ std::unique_ptr<io::Storage> OpenRo(const std::string& path) {
 
 TEST(CompactFileTest, KilledAtEveryStepLeavesACompleteImage) {
   for (int step = 0; step <= int(CompactStep::kDirSynced); ++step) {
-    TempDir dir;
+    TempDir dir("/tmp", "thindisk-compact");
     const std::string path = dir.path() + "/disk.qcow2";
     auto model = MakeImageFile(path);
     pid_t pid = ::fork();
@@ -188,7 +178,7 @@ TEST(CompactFileTest, KilledAtEveryStepLeavesACompleteImage) {
 }
 
 TEST(CompactFileTest, CompactsInPlaceAndRefusesALockedImage) {
-  TempDir dir;
+  TempDir dir("/tmp", "thindisk-compact");
   const std::string path = dir.path() + "/disk.qcow2";
   auto model = MakeImageFile(path);
   uint64_t before = std::filesystem::file_size(path);

@@ -15,6 +15,7 @@
 #include "qcow2/image.h"
 #include "util/capability_test_util.h"
 #include "util/endian.h"
+#include "util/temp_dir_test_util.h"
 
 namespace thindisk::qcow2 {
 namespace {
@@ -368,20 +369,10 @@ CommandResult RunCommand(const std::string& cmd) {
 
 bool HaveQemuImg() { return RunCommand("qemu-img --version").exit_code == 0; }
 
-class TempDir {
+// A temp dir under $TMPDIR (or /tmp).
+class TempDir : public test_env::TempDir {
  public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "td_create_XXXXXX").string();
-    path_ = mkdtemp(tmpl.data()) ? tmpl : "";
-  }
-  ~TempDir() {
-    std::error_code ec;
-    if (!path_.empty()) std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+  TempDir() : test_env::TempDir(std::filesystem::temp_directory_path().string(), "td_create") {}
 };
 
 // A missing qemu-img skips locally, fails in CI (util/capability_test_util.h).
