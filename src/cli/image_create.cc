@@ -16,15 +16,6 @@ Status WriteImage(io::Storage& storage, const CreatePlan& plan, std::string* war
   return qcow2::Create(storage, q, warning);
 }
 
-Result<qcow2::Preallocation> ParseQcow2Prealloc(const std::string& v) {
-  if (v == "off") return qcow2::Preallocation::kOff;
-  if (v == "metadata") return qcow2::Preallocation::kMetadata;
-  if (v == "falloc") return qcow2::Preallocation::kFalloc;
-  if (v == "full") return qcow2::Preallocation::kFull;
-  return Status::InvalidArgument("invalid preallocation mode '" + v +
-                                 "' (off, metadata, falloc or full)");
-}
-
 Result<raw::RawPrealloc> ParseRawPrealloc(const std::string& v) {
   if (v == "off") return raw::RawPrealloc::kOff;
   if (v == "falloc") return raw::RawPrealloc::kFalloc;
@@ -34,6 +25,15 @@ Result<raw::RawPrealloc> ParseRawPrealloc(const std::string& v) {
 }
 
 }  // namespace
+
+Result<qcow2::Preallocation> ParseQcow2Prealloc(const std::string& v) {
+  if (v == "off") return qcow2::Preallocation::kOff;
+  if (v == "metadata") return qcow2::Preallocation::kMetadata;
+  if (v == "falloc") return qcow2::Preallocation::kFalloc;
+  if (v == "full") return qcow2::Preallocation::kFull;
+  return Status::InvalidArgument("invalid preallocation mode '" + v +
+                                 "' (off, metadata, falloc or full)");
+}
 
 Status ApplyCreateOption(CreatePlan& plan, const std::string& key, const std::string& value) {
   if (key == "size") {

@@ -28,6 +28,10 @@ struct CreatePlan {
   bool compression_type_given = false;
 };
 
+// qemu's qcow2 preallocation names (off, metadata, falloc, full);
+// kInvalidArgument for any other.
+Result<qcow2::Preallocation> ParseQcow2Prealloc(const std::string& v);
+
 // Applies one -o key=value to `plan` (plan.format must be set first).
 // kInvalidArgument names the key or value that is wrong.
 Status ApplyCreateOption(CreatePlan& plan, const std::string& key, const std::string& value);

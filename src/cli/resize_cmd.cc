@@ -14,6 +14,7 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/image_create.h"
 #include "qcow2/image.h"
 #include "raw/raw_image.h"
 
@@ -182,8 +183,9 @@ class ResizeCommand final : public Subcommand {
   Status Grow(block::Device& dev, uint64_t old_size, uint64_t new_size) {
     const std::string mode = preallocation_.empty() ? "off" : preallocation_;
     if (auto* image = dynamic_cast<qcow2::Image*>(&dev)) {
+      TD_ASSIGN_OR_RETURN(qcow2::Preallocation qcow2_mode, ParseQcow2Prealloc(mode));
       std::string warning;
-      TD_RETURN_IF_ERROR(image->GrowPreallocated(new_size, Qcow2Mode(mode), &warning));
+      TD_RETURN_IF_ERROR(image->GrowPreallocated(new_size, qcow2_mode, &warning));
       if (!warning.empty()) PrintWarning(warning);
       return Status::Ok();
     }
@@ -203,14 +205,6 @@ class ResizeCommand final : public Subcommand {
     }
     if (mode == "falloc" || mode == "full") return WriteZeroBytes(dev, old_size, new_size);
     return Status::Ok();
-  }
-
-  // `mode` is one the option's IsMember check let through.
-  static qcow2::Preallocation Qcow2Mode(const std::string& mode) {
-    if (mode == "metadata") return qcow2::Preallocation::kMetadata;
-    if (mode == "falloc") return qcow2::Preallocation::kFalloc;
-    if (mode == "full") return qcow2::Preallocation::kFull;
-    return qcow2::Preallocation::kOff;
   }
 
   std::string format_;
