@@ -1,0 +1,409 @@
+#include "nbdclient/nbd_storage.h"
+
+#include <libnbd.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace thindisk::nbdclient {
+namespace {
+
+// The NBD spec lets a server that names no maximum block size refuse
+// requests over 32 MiB, so that is the largest read or write sent then.
+constexpr uint64_t kDefaultMaxRequest = 32ull << 20;
+// WRITE_ZEROES and BLOCK_STATUS carry 32-bit lengths; 1 GiB pieces stay
+// well inside that and aligned to anything a server asks for.
+constexpr uint64_t kMaxRangeRequest = 1ull << 30;
+// Zero-filled writes for servers without WRITE_ZEROES.
+constexpr uint64_t kZeroBufferBytes = 1ull << 20;
+
+Code CodeForErrno(int e) {
+  switch (e) {
+    case ENOENT: return Code::kNotFound;
+    case ENOSPC: case EDQUOT: case EFBIG: return Code::kNoSpace;
+    case ENOTSUP: return Code::kNotSupported;
+    case EROFS: case EPERM: case EACCES: return Code::kReadOnly;
+    case EINVAL: return Code::kInvalidArgument;
+    default: return Code::kIoError;
+  }
+}
+
+// The calling thread's last libnbd error, as "what: message".
+Status LibnbdError(const std::string& what) {
+  const char* msg = nbd_get_error();
+  int e = nbd_get_errno();
+  return Status(CodeForErrno(e), what + ": " + (msg != nullptr ? msg : "unknown libnbd error"), e);
+}
+
+// One command in flight. Completed by the event loop thread, waited for by
+// the issuing thread; both under NbdStorage::mu_.
+struct Request {
+  bool done = false;
+  int error = 0;
+  // BLOCK_STATUS replies: (length, NBD_STATE_* flags) from `extents_from`.
+  uint64_t extents_from = 0;
+  std::vector<std::pair<uint32_t, uint32_t>> extents;
+};
+
+class NbdStorage final : public io::Storage {
+ public:
+  NbdStorage(std::string uri, bool read_only) : uri_(std::move(uri)), read_only_(read_only) {}
+
+  ~NbdStorage() override {
+    if (loop_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        stop_ = true;
+      }
+      Wake();
+      loop_.join();
+    }
+    if (h_ != nullptr) {
+      if (nbd_aio_is_ready(h_) == 1) (void)nbd_shutdown(h_, 0);
+      nbd_close(h_);  // completes (with errors) whatever is still queued
+    }
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+  }
+
+  Status Connect() {
+    // 1. The handle, with the allocation map asked for before the handshake.
+    h_ = nbd_create();
+    if (h_ == nullptr) return LibnbdError(uri_);
+    if (nbd_supports_uri(h_) != 1) {
+      return Status::NotSupported(uri_ + ": this libnbd was built without NBD URI support");
+    }
+    if (nbd_add_meta_context(h_, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1) return LibnbdError(uri_);
+    if (nbd_connect_uri(h_, uri_.c_str()) == -1) return LibnbdError(uri_);
+
+    // 2. What the server offers.
+    int64_t size = nbd_get_size(h_);
+    if (size < 0) return LibnbdError(uri_);
+    size_ = uint64_t(size);
+    read_only_ = read_only_ || nbd_is_read_only(h_) == 1;
+    can_flush_ = nbd_can_flush(h_) == 1;
+    can_zero_ = nbd_can_zero(h_) == 1;
+    have_allocation_ = nbd_can_meta_context(h_, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+    int64_t max_block = nbd_get_block_size(h_, LIBNBD_SIZE_MAXIMUM);
+    max_request_ = max_block > 0 ? std::min<uint64_t>(uint64_t(max_block), 64ull << 20)
+                                 : kDefaultMaxRequest;
+
+    // 3. The event loop that moves every command along.
+    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wake_fd_ < 0) return Status::FromErrno(errno, uri_ + ": eventfd");
+    loop_ = std::thread([this] { Loop(); });
+    return Status::Ok();
+  }
+
+  Status ReadAt(uint64_t offset, std::span<uint8_t> buf) override {
+    // Past the end reads as zeros (the Storage contract's sparse tail).
+    const uint64_t in = offset >= size_ ? 0 : std::min<uint64_t>(buf.size(), size_ - offset);
+    std::fill(buf.begin() + ptrdiff_t(in), buf.end(), uint8_t{0});
+    std::vector<std::shared_ptr<Request>> issued;
+    Status s;
+    for (uint64_t pos = 0; pos < in && s.ok(); pos += max_request_) {
+      const uint64_t n = std::min(max_request_, in - pos);
+      auto r = Issue([&](nbd_completion_callback cb, Request*) {
+        return nbd_aio_pread(h_, buf.data() + pos, n, offset + pos, cb, 0);
+      });
+      if (r.has_value()) issued.push_back(std::move(r).value());
+      else s = r.error();
+    }
+    Status w = WaitAll(issued, "read", offset, in);
+    return s.ok() ? w : s;
+  }
+
+  Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) override {
+    TD_RETURN_IF_ERROR(CheckWritable(offset, buf.size(), "write"));
+    std::vector<std::shared_ptr<Request>> issued;
+    Status s;
+    for (uint64_t pos = 0; pos < buf.size() && s.ok(); pos += max_request_) {
+      const uint64_t n = std::min<uint64_t>(max_request_, buf.size() - pos);
+      auto r = Issue([&](nbd_completion_callback cb, Request*) {
+        return nbd_aio_pwrite(h_, buf.data() + pos, n, offset + pos, cb, 0);
+      });
+      if (r.has_value()) issued.push_back(std::move(r).value());
+      else s = r.error();
+    }
+    Status w = WaitAll(issued, "write", offset, buf.size());
+    if (s.ok() && w.ok()) bytes_written_ += buf.size();
+    return s.ok() ? w : s;
+  }
+
+  Status Flush() override {
+    if (read_only_ || !can_flush_) return Status::Ok();
+    TD_ASSIGN_OR_RETURN(auto r, Issue([&](nbd_completion_callback cb, Request*) {
+                          return nbd_aio_flush(h_, cb, 0);
+                        }));
+    std::vector<std::shared_ptr<Request>> one{r};
+    return WaitAll(one, "flush", 0, 0);
+  }
+
+  Result<uint64_t> Size() override { return size_; }
+
+  Status Resize(uint64_t size) override {
+    if (size == size_) return Status::Ok();
+    return Status::NotSupported(uri_ + ": an NBD export cannot be resized (its size is " +
+                                std::to_string(size_) + " bytes)");
+  }
+
+  Status Allocate(uint64_t, uint64_t) override {
+    return Status::NotSupported(uri_ + ": NBD exports cannot preallocate");
+  }
+
+  Status PunchHole(uint64_t offset, uint64_t length) override {
+    return Zero(offset, length, /*keep_allocated=*/false);
+  }
+
+  Status ZeroRange(uint64_t offset, uint64_t length) override {
+    TD_RETURN_IF_ERROR(Zero(offset, length, /*keep_allocated=*/true));
+    bytes_written_ += length;
+    return Status::Ok();
+  }
+
+  Result<uint64_t> NextData(uint64_t offset) override { return NextWhere(offset, false); }
+  Result<uint64_t> NextHole(uint64_t offset) override { return NextWhere(offset, true); }
+
+  Result<uint64_t> AllocatedBytes() override { return uint64_t{0}; }
+  uint64_t bytes_written() const override { return bytes_written_.load(); }
+  const std::string& name() const override { return uri_; }
+
+ private:
+  // The completion callback's user data: keeps the Request alive until
+  // libnbd is done with it (its free function runs last, even when issuing
+  // failed), so a waiter that gave up on a dead connection leaves nothing
+  // dangling.
+  struct Holder {
+    NbdStorage* self;
+    std::shared_ptr<Request> request;
+  };
+
+  static int OnComplete(void* user_data, int* error) {
+    auto* holder = static_cast<Holder*>(user_data);
+    std::lock_guard<std::mutex> lock(holder->self->mu_);
+    holder->request->error = *error;
+    holder->request->done = true;
+    holder->self->cv_.notify_all();
+    return 1;  // retire the command
+  }
+  static void FreeHolder(void* user_data) { delete static_cast<Holder*>(user_data); }
+
+  static int OnExtents(void* user_data, const char* context, uint64_t offset, uint32_t* entries,
+                       size_t count, int* /*error*/) {
+    if (std::strcmp(context, LIBNBD_CONTEXT_BASE_ALLOCATION) != 0) return 0;
+    auto* r = static_cast<Request*>(user_data);
+    if (!r->extents.empty()) return 0;  // a second reply: the first one suffices
+    r->extents_from = offset;
+    for (size_t i = 0; i + 1 < count; i += 2) r->extents.emplace_back(entries[i], entries[i + 1]);
+    return 0;
+  }
+
+  // Issues one command and wakes the event loop to send it.
+  // `issue(callback, request)` calls an nbd_aio_* function.
+  template <typename Fn>
+  Result<std::shared_ptr<Request>> Issue(Fn&& issue) {
+    auto r = std::make_shared<Request>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!dead_.empty()) return DeadError();
+    }
+    nbd_completion_callback cb{&OnComplete, new Holder{this, r}, &FreeHolder};
+    if (issue(cb, r.get()) == -1) {
+      std::lock_guard<std::mutex> lock(mu_);
+      return dead_.empty() ? LibnbdError(uri_) : DeadError();
+    }
+    Wake();
+    return r;
+  }
+
+  // Waits for every issued request; the first failure is returned. A dead
+  // connection ends the wait at once (its requests never complete).
+  Status WaitAll(const std::vector<std::shared_ptr<Request>>& issued, const char* what,
+                 uint64_t offset, uint64_t length) {
+    std::unique_lock<std::mutex> lock(mu_);
+    Status first;
+    for (const auto& r : issued) {
+      cv_.wait(lock, [&] { return r->done || !dead_.empty(); });
+      if (!r->done) return DeadError();
+      if (r->error != 0 && first.ok()) {
+        first = Status(CodeForErrno(r->error),
+                       uri_ + ": " + what + " of " + std::to_string(length) + " bytes at offset " +
+                           std::to_string(offset) + " failed: " + std::strerror(r->error),
+                       r->error);
+      }
+    }
+    return first;
+  }
+
+  // REQUIRES: mu_ held and dead_ set.
+  Status DeadError() const { return Status(Code::kIoError, uri_ + ": " + dead_, ENOTCONN); }
+
+  Status CheckWritable(uint64_t offset, uint64_t length, const char* what) const {
+    if (read_only_) return Status::ReadOnly(uri_ + ": the NBD export is read-only");
+    if (offset > size_ || length > size_ - offset) {
+      return Status(Code::kNoSpace,
+                    uri_ + ": " + what + " of " + std::to_string(length) + " bytes at offset " +
+                        std::to_string(offset) + " ends past the end of the export (" +
+                        std::to_string(size_) + " bytes): the export is too small",
+                    ENOSPC);
+    }
+    return Status::Ok();
+  }
+
+  Status Zero(uint64_t offset, uint64_t length, bool keep_allocated) {
+    // Past the end already reads as zeros.
+    if (offset >= size_) return Status::Ok();
+    length = std::min(length, size_ - offset);
+    TD_RETURN_IF_ERROR(CheckWritable(offset, length, "zero"));
+    if (!can_zero_) {
+      std::vector<uint8_t> zeros(std::min(length, kZeroBufferBytes));
+      for (uint64_t pos = 0; pos < length; pos += zeros.size()) {
+        const uint64_t n = std::min<uint64_t>(zeros.size(), length - pos);
+        TD_RETURN_IF_ERROR(WriteAt(offset + pos, std::span<const uint8_t>(zeros.data(), n)));
+        bytes_written_ -= n;  // counted by the caller's ZeroRange, if at all
+      }
+      return Status::Ok();
+    }
+    const uint32_t flags = keep_allocated ? LIBNBD_CMD_FLAG_NO_HOLE : 0;
+    std::vector<std::shared_ptr<Request>> issued;
+    Status s;
+    for (uint64_t pos = 0; pos < length && s.ok(); pos += kMaxRangeRequest) {
+      const uint64_t n = std::min(kMaxRangeRequest, length - pos);
+      auto r = Issue([&](nbd_completion_callback cb, Request*) {
+        return nbd_aio_zero(h_, n, offset + pos, cb, flags);
+      });
+      if (r.has_value()) issued.push_back(std::move(r).value());
+      else s = r.error();
+    }
+    Status w = WaitAll(issued, "write-zeroes", offset, length);
+    return s.ok() ? w : s;
+  }
+
+  // The first offset >= `offset` that is a hole (want_hole) or data, by
+  // base:allocation; Size() when there is none.
+  Result<uint64_t> NextWhere(uint64_t offset, bool want_hole) {
+    if (offset >= size_) return size_;
+    if (!have_allocation_) return want_hole ? size_ : offset;
+    while (offset < size_) {
+      const uint64_t n = std::min(kMaxRangeRequest, size_ - offset);
+      // The extent callback writes into the Request, which the completion's
+      // Holder keeps alive until after both callbacks are done.
+      TD_ASSIGN_OR_RETURN(auto r, Issue([&](nbd_completion_callback cb, Request* req) {
+                            nbd_extent_callback ext{&OnExtents, req, nullptr};
+                            return nbd_aio_block_status(h_, n, offset, ext, cb, 0);
+                          }));
+      std::vector<std::shared_ptr<Request>> one{r};
+      TD_RETURN_IF_ERROR(WaitAll(one, "block status", offset, n));
+      // Only the issuing thread reads the extents, after the completion.
+      if (r->extents.empty() || r->extents_from != offset) {
+        return Status(Code::kIoError, uri_ + ": the server sent no base:allocation extents at offset " +
+                                          std::to_string(offset));
+      }
+      for (const auto& [length, flags] : r->extents) {
+        if (length == 0) {
+          return Status(Code::kIoError, uri_ + ": the server sent an empty extent at offset " +
+                                            std::to_string(offset));
+        }
+        const bool hole = (flags & LIBNBD_STATE_HOLE) != 0;
+        if (hole == want_hole) return offset;
+        offset += length;
+        if (offset >= size_) break;
+      }
+    }
+    return size_;
+  }
+
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t n = ::write(wake_fd_, &one, sizeof one);
+    (void)n;  // a full counter still wakes the loop
+  }
+
+  // The event loop: polls the socket in the direction libnbd wants and the
+  // wake-up eventfd (written after every command issued elsewhere, which may
+  // have changed the direction), and feeds readiness to libnbd, whose
+  // completion callbacks wake the waiters.
+  void Loop() {
+    const int fd = nbd_aio_get_fd(h_);
+    while (true) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stop_) return;
+      }
+      unsigned dir = nbd_aio_get_direction(h_);
+      pollfd fds[2] = {{fd, 0, 0}, {wake_fd_, POLLIN, 0}};
+      if (dir & LIBNBD_AIO_DIRECTION_READ) fds[0].events |= POLLIN;
+      if (dir & LIBNBD_AIO_DIRECTION_WRITE) fds[0].events |= POLLOUT;
+      if (::poll(fds, 2, -1) < 0) {
+        if (errno == EINTR) continue;
+        return MarkDead(std::string("poll: ") + std::strerror(errno));
+      }
+      if (fds[1].revents != 0) {
+        uint64_t v;
+        ssize_t n = ::read(wake_fd_, &v, sizeof v);
+        (void)n;
+      }
+      const short ev = fds[0].revents;
+      if (ev == 0) continue;
+      dir = nbd_aio_get_direction(h_);
+      int rc = 0;
+      if ((dir & LIBNBD_AIO_DIRECTION_READ) && (ev & (POLLIN | POLLHUP | POLLERR))) {
+        rc = nbd_aio_notify_read(h_);
+      } else if ((dir & LIBNBD_AIO_DIRECTION_WRITE) && (ev & (POLLOUT | POLLHUP | POLLERR))) {
+        rc = nbd_aio_notify_write(h_);
+      } else if (ev & (POLLHUP | POLLERR | POLLNVAL)) {
+        return MarkDead("the server closed the connection");
+      }
+      if (rc == -1) {
+        const char* msg = nbd_get_error();
+        return MarkDead(msg != nullptr ? msg : "the connection failed");
+      }
+      if (nbd_aio_is_dead(h_) == 1 || nbd_aio_is_closed(h_) == 1) {
+        return MarkDead("the server closed the connection");
+      }
+    }
+  }
+
+  void MarkDead(std::string why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    dead_ = std::move(why);
+    cv_.notify_all();
+  }
+
+  std::string uri_;
+  bool read_only_;
+  nbd_handle* h_ = nullptr;
+  // Fixed once connected.
+  uint64_t size_ = 0;
+  uint64_t max_request_ = kDefaultMaxRequest;
+  bool can_flush_ = false;
+  bool can_zero_ = false;
+  bool have_allocation_ = false;
+  int wake_fd_ = -1;
+  std::thread loop_;
+  std::atomic<uint64_t> bytes_written_{0};
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;  // guarded by mu_
+  std::string dead_;   // guarded by mu_: why the connection died, "" while alive
+};
+
+}  // namespace
+
+Result<std::unique_ptr<io::Storage>> OpenNbd(const std::string& uri, bool read_only) {
+  auto storage = std::make_unique<NbdStorage>(uri, read_only);
+  TD_RETURN_IF_ERROR(storage->Connect());
+  return std::unique_ptr<io::Storage>(std::move(storage));
+}
+
+}  // namespace thindisk::nbdclient

@@ -1,0 +1,164 @@
+// NbdStorage against a real server: `nbdkit memory` on a Unix socket in a
+// temporary directory (nbdkit --exit-with-parent, so it never outlives us).
+#include "nbdclient/nbd_storage.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "util/capability_test_util.h"
+#include "util/temp_dir_test_util.h"
+
+namespace thindisk::nbdclient {
+namespace {
+
+bool HaveTool(const char* tool) {
+  if (test_env::CapabilityDenied(tool)) return false;
+  std::string cmd = std::string("command -v ") + tool + " >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+
+// An nbdkit process serving `args` on a socket in `dir`.
+class Nbdkit {
+ public:
+  Nbdkit(const std::string& dir, std::vector<std::string> args) : socket_(dir + "/nbd.sock") {
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<std::string> argv = {"nbdkit", "-f", "--exit-with-parent", "-U", socket_};
+      argv.insert(argv.end(), args.begin(), args.end());
+      std::vector<char*> cargv;
+      for (auto& a : argv) cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      execvp("nbdkit", cargv.data());
+      _exit(127);
+    }
+    for (int i = 0; i < 500 && !std::filesystem::exists(socket_); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~Nbdkit() { Kill(); }
+  void Kill() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+  bool ready() const { return std::filesystem::exists(socket_); }
+  std::string uri() const { return "nbd+unix:///?socket=" + socket_; }
+
+ private:
+  std::string socket_;
+  pid_t pid_ = -1;
+};
+
+class NbdStorageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveTool("nbdkit")) TD_SKIP_OR_FAIL("nbdkit not installed");
+    ASSERT_TRUE(dir_.ok());
+  }
+  std::unique_ptr<Nbdkit> Serve(std::vector<std::string> args) {
+    auto server = std::make_unique<Nbdkit>(dir_.path(), std::move(args));
+    EXPECT_TRUE(server->ready()) << "nbdkit did not start";
+    return server;
+  }
+  test_env::TempDir dir_{"/tmp", "td_nbdclient"};
+};
+
+TEST_F(NbdStorageTest, ReadsWritesAndReportsHoles) {
+  auto server = Serve({"memory", "8M"});
+  auto s = OpenNbd(server->uri(), false);
+  ASSERT_TRUE(s.has_value()) << s.error().message();
+  io::Storage& st = **s;
+  EXPECT_EQ(st.Size().value(), 8u << 20);
+  EXPECT_EQ(st.NextData(0).value(), 8u << 20);  // all hole at first
+
+  std::vector<uint8_t> data(1 << 20);
+  std::iota(data.begin(), data.end(), uint8_t{1});
+  ASSERT_TRUE(st.WriteAt(2 << 20, data).ok());
+  ASSERT_TRUE(st.Flush().ok());
+  std::vector<uint8_t> back(data.size());
+  ASSERT_TRUE(st.ReadAt(2 << 20, back).ok());
+  EXPECT_EQ(back, data);
+  EXPECT_EQ(st.NextData(0).value(), 2u << 20);
+  EXPECT_EQ(st.NextHole(2 << 20).value(), 3u << 20);
+
+  // Punched: reads zeros, a hole again.
+  ASSERT_TRUE(st.PunchHole(2 << 20, 1 << 20).ok());
+  ASSERT_TRUE(st.ReadAt(2 << 20, back).ok());
+  EXPECT_EQ(std::count(back.begin(), back.end(), 0), ptrdiff_t(back.size()));
+  EXPECT_EQ(st.NextData(0).value(), 8u << 20);
+
+  // Past the end: reads zeros, writes refused as "too small".
+  std::vector<uint8_t> tail(4096, 0xff);
+  ASSERT_TRUE(st.ReadAt((8 << 20) - 2048, tail).ok());
+  EXPECT_EQ(std::count(tail.begin(), tail.end(), 0), 4096);
+  Status w = st.WriteAt((8 << 20) - 2048, tail);
+  EXPECT_EQ(w.code(), Code::kNoSpace);
+  EXPECT_NE(w.message().find("too small"), std::string::npos) << w.message();
+  EXPECT_EQ(st.Resize(16 << 20).code(), Code::kNotSupported);
+  EXPECT_TRUE(st.Resize(8 << 20).ok());
+}
+
+TEST_F(NbdStorageTest, ConcurrentWritersLandTheirOwnBytes) {
+  auto server = Serve({"memory", "16M"});
+  auto s = OpenNbd(server->uri(), false);
+  ASSERT_TRUE(s.has_value()) << s.error().message();
+  io::Storage& st = **s;
+  constexpr int kThreads = 8, kBlocks = 64;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<uint8_t> buf(4096, uint8_t(t + 1)), back(4096);
+      for (int b = 0; b < kBlocks; ++b) {
+        uint64_t off = (uint64_t(b) * kThreads + t) * 4096;
+        if (!st.WriteAt(off, buf).ok() || !st.ReadAt(off, back).ok() || back != buf) ++failures;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST_F(NbdStorageTest, ReadOnlyOpenRefusesWritesNamingTheUri) {
+  auto server = Serve({"memory", "1M"});
+  auto s = OpenNbd(server->uri(), true);
+  ASSERT_TRUE(s.has_value()) << s.error().message();
+  std::vector<uint8_t> buf(512, 1);
+  Status w = (*s)->WriteAt(0, buf);
+  EXPECT_EQ(w.code(), Code::kReadOnly);
+  EXPECT_NE(w.message().find(server->uri()), std::string::npos) << w.message();
+}
+
+TEST_F(NbdStorageTest, ServerThatVanishesFailsRequestsWithOneLine) {
+  auto server = Serve({"memory", "1M"});
+  auto s = OpenNbd(server->uri(), false);
+  ASSERT_TRUE(s.has_value()) << s.error().message();
+  server->Kill();
+  std::vector<uint8_t> buf(4096);
+  Status r = (*s)->ReadAt(0, buf);
+  EXPECT_FALSE(r.ok());
+  EXPECT_EQ(r.message().rfind(server->uri() + ": ", 0), 0u) << r.message();
+  EXPECT_EQ(r.message().find('\n'), std::string::npos);
+  EXPECT_FALSE((*s)->ReadAt(0, buf).ok());  // and stays failed
+}
+
+TEST_F(NbdStorageTest, MissingSocketIsNotFound) {
+  auto s = OpenNbd("nbd+unix:///?socket=" + dir_.File("absent.sock"), true);
+  ASSERT_FALSE(s.has_value());
+  EXPECT_NE(s.error().message().find("absent.sock"), std::string::npos) << s.error().message();
+}
+
+}  // namespace
+}  // namespace thindisk::nbdclient
