@@ -394,6 +394,11 @@ Result<std::unique_ptr<Storage>> OpenFile(const std::string& path, const OpenOpt
   struct stat st;
   if (fstat(fd, &st) < 0) return fail(Status::FromErrno(errno, path + ": fstat"));
   if (S_ISDIR(st.st_mode)) return fail(Status::InvalidArgument(path + ": is a directory"));
+  // Before anything reads or changes the image: refuse one in use.
+  if (Status locked = LockImageFd(fd, path, options.lock);
+      !locked.ok() && locked.code() != Code::kNotSupported) {
+    return fail(locked);
+  }
   const bool is_block_device = S_ISBLK(st.st_mode);
 
   bool direct = false;

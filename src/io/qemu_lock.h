@@ -13,7 +13,28 @@
 // makes qemu share everything; it still needs the permissions it uses, so
 // only opens that use none (qemu-img info -U) get past either mode below.
 //
-// Modes:
+// Modes for an open that uses the image, the permissions qemu 7.2 itself
+// takes (seen in /proc/locks while qemu-io, qemu-nbd and qemu-img hold
+// images). A mode holds a shared lock on kQemuLockPermBase + p for each
+// permission p it uses and on kQemuLockSharedBase + p for each it refuses
+// to share; then, like qemu, it checks (F_OFD_GETLK) that no other holder
+// refuses a permission it uses or uses one it refuses, and fails otherwise.
+// Locking before checking means two processes racing for the same image
+// both see each other and at most one proceeds (usually neither: retry).
+//  - kWrite: a read-write open. Uses consistent read, write and resize
+//    (bytes 100, 101, 103), refuses to share write and resize (201, 203).
+//    So one writer at a time, no reader (qemu-img info, qemu-io -r) beside
+//    a writer, and no writer beside a reader; -U readers may join.
+//  - kRead: a read-only open, and every backing file. Uses consistent read
+//    (100), refuses write and resize (201, 203): readers share, writers are
+//    refused; two clones over one base open at the same time.
+//  - kForceShare: -U (--force-share), read-only only. Uses consistent read
+//    (100) and shares everything: only a holder that refuses to share
+//    consistent read keeps it out (kShared below).
+//  - kNone: takes no lock (scratch files, callers that hold a lock on the
+//    image themselves).
+// Two older, stricter modes for commands that rewrite an image's metadata
+// while nobody may use it (snapshot, compact):
 //  - kShared: we join the protocol as a user that holds all four
 //    permissions and shares none: shared locks on bytes 100..103 and
 //    200..203. Taken only when nobody else holds any lock on 100..299
@@ -27,7 +48,8 @@
 //    any lock in the range, so qemu fails even to take its own ("Failed to
 //    lock byte 100"), checking or not. Needs the file to be writable (the fd
 //    is opened read-write).
-// Any two holders conflict, whatever their modes: the second gets kBusy.
+// Any two holders conflict when one of them is kShared or kExclusive: the
+// second gets kBusy.
 // Each Acquire opens its own file description, so two QemuImageLock objects
 // in one process conflict exactly like two processes do.
 //
@@ -65,12 +87,22 @@ inline constexpr off_t kQemuLockPermissions = 4;
 // The whole lock range, bytes 100..299 (room for qemu's future permissions).
 inline constexpr off_t kQemuLockSpan = 200;
 
-enum class QemuLockMode { kShared, kExclusive };
+enum class QemuLockMode { kNone, kForceShare, kRead, kWrite, kShared, kExclusive };
+
+// "read", "write", "force-share", ... for messages and tests.
+const char* QemuLockModeName(QemuLockMode mode);
+
+// Takes `mode` on `fd`, an open file description of `path` (read-write for
+// kExclusive). The locks belong to that description: they last until every
+// descriptor sharing it is closed, or the process exits. On failure the fd
+// holds no new lock. kNotSupported (no OFD locks here) is returned as is;
+// the caller decides whether to run unlocked.
+Status LockImageFd(int fd, const std::string& path, QemuLockMode mode);
 
 class QemuImageLock {
  public:
-  // Opens `path` (read-only for kShared, read-write for kExclusive) and
-  // takes the lock. Errors: see above.
+  // Opens `path` (read-write for kExclusive, read-only otherwise) and takes
+  // the lock. Errors: see above.
   static Result<QemuImageLock> Acquire(const std::string& path, QemuLockMode mode);
 
   QemuImageLock(QemuImageLock&& other) noexcept;

@@ -5,12 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace thindisk::io {
 namespace {
@@ -132,6 +134,85 @@ TEST_F(QemuLockTest, LocksGoAwayWhenTheHolderExits) {
   EXPECT_TRUE(after.has_value()) << after.error().ToString();
 }
 
+// The bytes qemu 7.2 holds, read from /proc/locks while qemu-io and
+// qemu-nbd held images: a writer 100, 101, 103 + 201, 203; a reader (and a
+// backing file) 100 + 201, 203; a -U reader 100 alone.
+TEST_F(QemuLockTest, PermissionModesHoldTheBytesQemuHolds) {
+  const struct {
+    QemuLockMode mode;
+    std::vector<off_t> held;
+  } kCases[] = {
+      {QemuLockMode::kWrite, {100, 101, 103, 201, 203}},
+      {QemuLockMode::kRead, {100, 201, 203}},
+      {QemuLockMode::kForceShare, {100}},
+  };
+  for (const auto& c : kCases) {
+    SCOPED_TRACE(QemuLockModeName(c.mode));
+    auto held = QemuImageLock::Acquire(path_, c.mode);
+    ASSERT_TRUE(held.has_value()) << held.error().ToString();
+    for (off_t at = kQemuLockPermBase; at < kQemuLockPermBase + kQemuLockSpan; ++at) {
+      const bool want = std::find(c.held.begin(), c.held.end(), at) != c.held.end();
+      // Held bytes are shared locks: another reader may join, a writer not.
+      EXPECT_EQ(Probe(F_WRLCK, at, 1), want ? F_RDLCK : F_UNLCK) << at;
+      EXPECT_EQ(Probe(F_RDLCK, at, 1), F_UNLCK) << at;
+    }
+  }
+}
+
+TEST_F(QemuLockTest, PermissionModesShareAsQemuDoes) {
+  using M = QemuLockMode;
+  const struct {
+    M first, second;
+    bool second_gets_it;
+  } kCases[] = {
+      {M::kWrite, M::kWrite, false},      {M::kWrite, M::kRead, false},
+      {M::kRead, M::kWrite, false},       {M::kRead, M::kRead, true},
+      {M::kWrite, M::kForceShare, true},  {M::kForceShare, M::kWrite, true},
+      {M::kRead, M::kForceShare, true},   {M::kForceShare, M::kForceShare, true},
+      {M::kShared, M::kForceShare, false}, {M::kForceShare, M::kShared, false},
+      {M::kExclusive, M::kForceShare, false}, {M::kWrite, M::kExclusive, false},
+      {M::kRead, M::kShared, false},
+  };
+  for (const auto& c : kCases) {
+    SCOPED_TRACE(std::string(QemuLockModeName(c.first)) + " then " +
+                 QemuLockModeName(c.second));
+    auto first = QemuImageLock::Acquire(path_, c.first);
+    ASSERT_TRUE(first.has_value()) << first.error().ToString();
+    auto second = QemuImageLock::Acquire(path_, c.second);
+    EXPECT_EQ(second.has_value(), c.second_gets_it);
+    if (!second.has_value()) {
+      EXPECT_EQ(second.error().code(), Code::kBusy) << second.error().ToString();
+      EXPECT_NE(second.error().message().find(path_ + ": the image is in use by another process"),
+                std::string::npos)
+          << second.error().message();
+      // A refused open leaves the first holder's locks as they were.
+      auto again = QemuImageLock::Acquire(path_, c.second);
+      EXPECT_FALSE(again.has_value());
+    }
+  }
+}
+
+TEST_F(QemuLockTest, RefusedLockLeavesTheDescriptorHoldingNothing) {
+  std::optional<QemuImageLock> writer;
+  {
+    auto w = QemuImageLock::Acquire(path_, QemuLockMode::kWrite);
+    ASSERT_TRUE(w.has_value()) << w.error().ToString();
+    writer = std::move(*w);
+  }
+  // A descriptor that stays open after its lock was refused (a Storage's
+  // fd is closed at once, but LockImageFd promises this).
+  int fd = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  Status refused = LockImageFd(fd, path_, QemuLockMode::kWrite);
+  EXPECT_EQ(refused.code(), Code::kBusy) << refused.ToString();
+  EXPECT_NE(refused.message().find("\"write\" lock"), std::string::npos) << refused.message();
+  writer.reset();
+  for (off_t at = kQemuLockPermBase; at < kQemuLockPermBase + kQemuLockSpan; ++at) {
+    EXPECT_EQ(Probe(F_WRLCK, at, 1), F_UNLCK) << at;
+  }
+  ::close(fd);
+}
+
 TEST_F(QemuLockTest, MissingFileIsNotFound) {
   for (QemuLockMode mode : kModes) {
     auto r = QemuImageLock::Acquire(dir_ + "/missing.img", mode);
@@ -202,6 +283,35 @@ TEST_F(QemuLockInteropTest, QemuIsRefusedInEitherModeAndWelcomeAfter) {
     ToolRun write = Write();
     EXPECT_EQ(write.exit_code, 0) << write.output;
     EXPECT_NE(write.output.find("wrote 512/512"), std::string::npos) << write.output;
+  }
+}
+
+// qemu's own checks against the permission modes: what qemu-io may do
+// beside each, as it would beside another qemu process holding the same.
+TEST_F(QemuLockInteropTest, QemuSharesWithPermissionModesAsWithItself) {
+  const std::string read = "qemu-io -r -f qcow2 -c 'read 0 512' " + path_;
+  const std::string read_u = "qemu-io -r -U -f qcow2 -c 'read 0 512' " + path_;
+  const struct {
+    QemuLockMode mode;
+    bool write, read, read_force_share;
+  } kCases[] = {
+      {QemuLockMode::kWrite, false, false, true},
+      {QemuLockMode::kRead, false, true, true},
+      {QemuLockMode::kForceShare, true, true, true},
+  };
+  for (const auto& c : kCases) {
+    SCOPED_TRACE(QemuLockModeName(c.mode));
+    auto held = QemuImageLock::Acquire(path_, c.mode);
+    ASSERT_TRUE(held.has_value()) << held.error().ToString();
+    ToolRun w = Write();
+    EXPECT_EQ(w.exit_code == 0, c.write) << w.output;
+    if (!c.write) {
+      EXPECT_NE(w.output.find("Failed to get"), std::string::npos) << w.output;
+    }
+    ToolRun r = Sh(read);
+    EXPECT_EQ(r.exit_code == 0, c.read) << r.output;
+    ToolRun u = Sh(read_u);
+    EXPECT_EQ(u.exit_code == 0, c.read_force_share) << u.output;
   }
 }
 

@@ -28,6 +28,7 @@
 #include <span>
 #include <string>
 
+#include "io/qemu_lock.h"
 #include "util/result.h"
 #include "util/status.h"
 
@@ -115,6 +116,11 @@ struct OpenOptions {
   bool create = false;     // O_CREAT
   bool exclusive = false;  // with create: O_EXCL
   CacheMode cache = CacheMode::kWriteback;
+  // qemu's image lock to take on the file's own open file description (see
+  // io/qemu_lock.h), held for the life of the Storage; kNone for scratch
+  // files and callers that lock the image themselves. A filesystem without
+  // OFD locks opens unlocked, as qemu's locking=auto does.
+  QemuLockMode lock = QemuLockMode::kNone;
 };
 
 // Opens a host file. Errors name the path ("disk.qcow2: No such file ...").
