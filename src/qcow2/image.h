@@ -5,7 +5,8 @@
 // caller's BackingOpener (block/open.cc resolves names and limits depth).
 // An image with the corrupt bit opens read-only, with a warning naming why.
 // An image with the dirty bit (lazy refcounts) has its refcounts rebuilt on
-// a read-write open.
+// a read-write open. OpenOptions::snapshot opens an internal snapshot's
+// content read-only instead of the active image.
 //
 // Thread safety: all methods are safe for concurrent use (block::Device).
 #pragma once
@@ -20,6 +21,7 @@
 #include "block/device.h"
 #include "io/storage.h"
 #include "qcow2/format.h"
+#include "qcow2/snapshot_selector.h"
 #include "util/result.h"
 
 namespace thindisk::qcow2 {
@@ -38,6 +40,11 @@ struct OpenOptions {
   // Do not open the backing file even if the header names one (info, check,
   // rebase -u): reads of unallocated ranges then return zeros.
   bool no_backing = false;
+  // Open this internal snapshot's view instead of the active image (qemu-nbd
+  // -l): read-only whatever read_only says, with the snapshot's L1 table and
+  // virtual size (its disk_size; the current size on images whose snapshot
+  // table has no disk_size). kNotFound when no snapshot matches.
+  SnapshotSelector snapshot;
 };
 
 // qemu's preallocation modes (create, resize): kMetadata maps every guest

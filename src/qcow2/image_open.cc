@@ -5,6 +5,7 @@
 
 #include "qcow2/check.h"
 #include "qcow2/image_impl.h"
+#include "qcow2/snapshot.h"
 #include "util/endian.h"
 
 namespace thindisk::qcow2 {
@@ -27,6 +28,30 @@ Result<Header> ReadHeader(io::Storage& storage, uint64_t* file_size) {
   return DecodeHeader(head, *file_size);
 }
 
+// Points `h` at the snapshot `sel` names: its L1 table and virtual size
+// (the current one when the table entry has no disk_size, as in old
+// version 2 images). The snapshot table was validated when decoded; the L1
+// table's place and the size are checked here against the file and the
+// format's limits.
+Status UseSnapshotView(io::Storage& storage, uint64_t file_size, const SnapshotSelector& sel,
+                       Header* h) {
+  TD_ASSIGN_OR_RETURN(std::vector<Snapshot> snaps, ReadSnapshotTable(storage, *h));
+  int idx = MatchSnapshot(snaps, sel);
+  if (idx < 0) return Status::NotFound("no snapshot " + sel.Describe() + " in the image");
+  const Snapshot& sn = snaps[size_t(idx)];
+  uint64_t size = sn.extra.size() >= 16 ? sn.disk_size : h->size;
+  uint64_t l1_bytes = uint64_t{sn.l1_size} * 8;
+  if (size > kMaxVirtualSize || l1_bytes > kMaxL1Bytes ||
+      (sn.l1_size != 0 && (sn.l1_table_offset > file_size ||
+                           l1_bytes > file_size - sn.l1_table_offset))) {
+    return Status::Corrupt("snapshot " + sn.id + " has an invalid L1 table or disk size");
+  }
+  h->l1_table_offset = sn.l1_table_offset;
+  h->l1_size = sn.l1_size;
+  h->size = size;
+  return Status::Ok();
+}
+
 }  // namespace
 
 Image::~Image() = default;
@@ -40,6 +65,13 @@ Result<std::unique_ptr<Image>> Image::Open(std::unique_ptr<io::Storage> storage,
   if (!header) return header.error().WithContext(name);
 
   bool read_only = options.read_only;
+  if (!options.snapshot.empty()) {
+    // A snapshot's view is only read: its clusters are shared with the
+    // active image and other snapshots, and the header names another L1.
+    read_only = true;
+    Status s = UseSnapshotView(*storage, file_size, options.snapshot, &*header);
+    if (!s.ok()) return s.WithContext(name);
+  }
   if (header->incompatible_features & kIncompatCorrupt) {
     if (!read_only) {
       fprintf(stderr, "thindisk: %s: image is marked corrupt; opened read-only\n", name.c_str());
@@ -111,7 +143,10 @@ Status ImageImpl::Init(const OpenOptions& options, uint64_t file_size) {
   // 2. The L1 table; the codec validated its size, we validate entries.
   uint64_t per_l1 = l2_entries_ * cluster_size_;
   uint64_t needed = (header_.size + per_l1 - 1) / per_l1;
-  if (header_.l1_size < needed) {
+  // A snapshot taken before the image grew may have a shorter L1 (it was
+  // given the disk size of the time): the missing entries are unallocated.
+  const bool snapshot_view = !options.snapshot.empty();
+  if (header_.l1_size < needed && !snapshot_view) {
     return Status::Corrupt("L1 table has " + std::to_string(header_.l1_size) +
                            " entries, the virtual size needs " + std::to_string(needed));
   }
@@ -133,6 +168,7 @@ Status ImageImpl::Init(const OpenOptions& options, uint64_t file_size) {
     }
     l1_[i] = e;
   }
+  if (snapshot_view && l1_.size() < needed) l1_.resize(needed, 0);
 
   // 3. Caches and allocator: refcount blocks get an eighth of the budget.
   uint64_t tables = std::max<uint64_t>(options.cache_bytes / cluster_size_, 8);

@@ -97,6 +97,17 @@ std::optional<uint64_t> SnapshotIcount(const Snapshot& s) {
   return v;
 }
 
+int MatchSnapshot(const std::vector<Snapshot>& snaps, const SnapshotSelector& sel) {
+  if (!sel.id_or_name.empty()) return FindSnapshot(snaps, sel.id_or_name);
+  if (sel.empty()) return -1;
+  for (size_t i = 0; i < snaps.size(); ++i) {
+    if ((sel.id.empty() || snaps[i].id == sel.id) &&
+        (sel.name.empty() || snaps[i].name == sel.name))
+      return int(i);
+  }
+  return -1;
+}
+
 Result<std::vector<Snapshot>> ReadSnapshotTable(io::Storage& storage, const Header& h) {
   TD_ASSIGN_OR_RETURN(TableOnDisk t, ReadTable(storage, h));
   return std::move(t.snapshots);

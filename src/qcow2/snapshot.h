@@ -46,6 +46,10 @@ std::optional<uint64_t> SnapshotIcount(const Snapshot& s);
 // past the end of the file or does not decode), I/O errors.
 Result<std::vector<Snapshot>> ReadSnapshotTable(io::Storage& storage, const Header& h);
 
+// The index in `snapshots` of the one `selector` names (qemu's rules, see
+// qcow2/snapshot_selector.h), or -1 when none does.
+int MatchSnapshot(const std::vector<Snapshot>& snapshots, const SnapshotSelector& selector);
+
 // The snapshots of an open image, in table order.
 Result<std::vector<Snapshot>> ListSnapshots(Image& image);
 
