@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "block/read_only_image.h"
+#include "nbdclient/nbd_storage.h"
+#include "nbdclient/nbd_uri.h"
 #include "qcow2/format.h"
 #include "qcow2/image.h"
 #include "raw/raw_image.h"
@@ -20,12 +22,28 @@ namespace thindisk::block {
 namespace {
 
 // One image already opened further up the chain, identified the way the
-// host does (a loop may use different names for the same file).
+// host does (a loop may use different names for the same file). An NBD
+// export has no inode here: it is identified by its URI string.
 struct ChainLink {
   dev_t dev = 0;
   ino_t ino = 0;
   std::string name;
+  bool uri = false;
 };
+
+bool SameLayer(const ChainLink& link, const struct stat& st, const std::string& name, bool uri) {
+  if (uri || link.uri) return uri && link.uri && link.name == name;
+  return link.dev == st.st_dev && link.ino == st.st_ino;
+}
+
+// A name that is neither a file nor an NBD URI: an unknown "scheme://" says
+// so rather than "No such file or directory".
+Status MissingImage(int error_number, const std::string& filename) {
+  if (error_number == ENOENT && !nbdclient::UriScheme(filename).empty()) {
+    return Status::NotFound(nbdclient::UnknownProtocolMessage(filename), ENOENT);
+  }
+  return Status::FromErrno(error_number, filename);
+}
 using Chain = std::vector<ChainLink>;
 
 Result<std::string> ProbeStorage(io::Storage& storage) {
@@ -84,9 +102,10 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
   // 1. Identify the file and refuse loops and over-deep chains before
   //    opening anything.
   struct stat st {};
-  if (::stat(filename.c_str(), &st) != 0) return Status::FromErrno(errno, filename);
+  const bool uri = nbdclient::IsNbdUri(filename);
+  if (!uri && ::stat(filename.c_str(), &st) != 0) return MissingImage(errno, filename);
   for (const ChainLink& link : chain) {
-    if (link.dev == st.st_dev && link.ino == st.st_ino) {
+    if (SameLayer(link, st, filename, uri)) {
       return Status::InvalidArgument(LoopMessage(chain, filename));
     }
   }
@@ -95,25 +114,21 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
     return Status::InvalidArgument("backing chain too deep (> " +
                                    std::to_string(options.max_chain_depth) + ")");
   }
-  chain.push_back({st.st_dev, st.st_ino, filename});
+  chain.push_back({st.st_dev, st.st_ino, filename, uri});
 
   // 2. Open the host file and settle the format.
   io::OpenOptions io_options;
   io_options.read_only = read_only;
   io_options.cache = options.cache;
   TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
-                      options.open_file ? options.open_file(filename, io_options)
-                                        : io::OpenFile(filename, io_options));
+                      uri                 ? OpenStorage(filename, io_options)
+                      : options.open_file ? options.open_file(filename, io_options)
+                                          : io::OpenFile(filename, io_options));
   if (format.empty()) {
     TD_ASSIGN_OR_RETURN(format, ProbeStorage(*storage));
   }
 
-  // 3. Hand it to the driver. Only the top image shows a snapshot.
-  const bool top = chain.size() == 1;
-  if (top && !options.snapshot.empty() && format != "qcow2") {
-    return Status::NotSupported(filename + ": internal snapshots need a qcow2 image, not " +
-                                format);
-  }
+  // 3. Hand it to the driver.
   if (format == "raw") return raw::OpenRaw(std::move(storage), read_only, filename);
   if (format == "vmdk" || format == "vpc") {
     return OpenImport(std::move(storage), filename, format, read_only, options);
@@ -125,7 +140,6 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
   q.read_only = read_only;
   q.cache_bytes = options.cache_bytes;
   q.no_backing = no_backing;
-  if (top) q.snapshot = options.snapshot;
   q.open_backing = [filename, options, chain](const std::string& name,
                                               const std::string& backing_format)
       -> Result<std::unique_ptr<Device>> {
@@ -142,6 +156,8 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
 
 std::string ResolveBackingName(const std::string& overlay, const std::string& backing_name) {
   if (backing_name.empty() || backing_name.front() == '/') return backing_name;
+  // A URI is never joined onto a directory, and an export has none.
+  if (nbdclient::IsNbdUri(backing_name) || nbdclient::IsNbdUri(overlay)) return backing_name;
   size_t slash = overlay.rfind('/');
   if (slash == std::string::npos) return backing_name;
   return overlay.substr(0, slash + 1) + backing_name;
@@ -155,8 +171,18 @@ Result<std::unique_ptr<Device>> Open(const std::string& filename, const OpenOpti
 Result<std::string> ProbeFormat(const std::string& filename) {
   io::OpenOptions io_options;
   io_options.read_only = true;
-  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, io::OpenFile(filename, io_options));
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, OpenStorage(filename, io_options));
   return ProbeStorage(*storage);
+}
+
+Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
+                                                 const io::OpenOptions& options) {
+  if (nbdclient::IsNbdUri(name)) return nbdclient::OpenNbd(name, options.read_only);
+  auto file = io::OpenFile(name, options);
+  if (!file.has_value() && file.error().error_number() == ENOENT) {
+    return MissingImage(ENOENT, name);
+  }
+  return file;
 }
 
 }  // namespace thindisk::block

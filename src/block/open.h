@@ -13,6 +13,13 @@
 // backing format recorded in the header (or probed when there is none), and
 // checked for loops (same device and inode twice in one chain) and depth.
 //
+// Any image name, top or backing, may be an NBD URI (nbd://HOST[:PORT]/NAME,
+// nbd+unix:///NAME?socket=PATH, nbds...: nbdclient/nbd_uri.h). As in qemu
+// the export is the protocol layer: the format (raw or qcow2) is probed or
+// given on top of it. URIs are compared as strings for loops, never joined
+// onto an overlay's directory, and always opened with nbdclient::OpenNbd
+// (OpenOptions::open_file is for files only).
+//
 // Thread safety: Open and ProbeFormat are reentrant; the returned Device
 // follows the block::Device contract.
 #pragma once
@@ -24,7 +31,6 @@
 
 #include "block/device.h"
 #include "io/storage.h"
-#include "qcow2/snapshot_selector.h"
 #include "util/result.h"
 
 namespace thindisk::block {
@@ -42,11 +48,6 @@ struct OpenOptions {
   io::CacheMode cache = io::CacheMode::kWriteback;
   // Do not open the backing file of the top image (info, check, rebase -u).
   bool no_backing = false;
-  // Open this internal snapshot of the top image instead of its active
-  // content (qemu-nbd -l; qcow2 only, else kNotSupported). The view is
-  // read-only: set read_only too, so the file is opened and locked for
-  // reading. Backing files open as usual.
-  qcow2::SnapshotSelector snapshot;
   uint32_t max_chain_depth = kDefaultMaxChainDepth;
   // Metadata cache budget for each qcow2 layer.
   uint64_t cache_bytes = 64ull << 20;
@@ -66,9 +67,16 @@ Result<std::unique_ptr<Device>> Open(const std::string& filename, const OpenOpti
 // "qcow2" or "raw", by the rule above. Errors: the file cannot be read.
 Result<std::string> ProbeFormat(const std::string& filename);
 
-// The path a backing name refers to: `backing_name` itself when absolute (or
-// when `overlay` has no directory part), else the overlay's directory joined
-// with it ("dir/overlay.qcow2" + "base.qcow2" -> "dir/base.qcow2").
+// Opens the storage behind an image name: the NBD export for an NBD URI,
+// else io::OpenFile. A missing name shaped like "scheme://..." is reported
+// as an unknown protocol.
+Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
+                                                 const io::OpenOptions& options);
+
+// The path a backing name refers to: `backing_name` itself when absolute,
+// an NBD URI, named by an NBD overlay or by an overlay with no directory
+// part; else the overlay's directory joined with it ("dir/overlay.qcow2" +
+// "base.qcow2" -> "dir/base.qcow2").
 std::string ResolveBackingName(const std::string& overlay, const std::string& backing_name);
 
 }  // namespace thindisk::block

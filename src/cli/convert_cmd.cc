@@ -2,6 +2,11 @@
 // only what holds data (zero and unallocated ranges are skipped, and so are
 // all-zero buffers), optionally compressed. The source is opened read-only;
 // a failed conversion removes the destination.
+//
+// Source and destination may be NBD URIs (block/open.h). An NBD destination
+// is an existing export, not a new file: the image is written onto it (as
+// qemu-img convert -n does), it must be large enough, and it is not removed
+// on failure (it is the server's).
 #include <CLI/CLI.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,6 +20,8 @@
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_create.h"
+#include "nbdclient/export_file.h"
+#include "nbdclient/nbd_uri.h"
 #include "qcow2/image.h"
 #include "qcow2/measure.h"
 
@@ -210,11 +217,12 @@ class ConvertCommand final : public Subcommand {
                             block::ProbeFormat(block::ResolveBackingName(dst_file_, backing_)));
       }
     }
-    TD_RETURN_IF_ERROR(CreateImageFile(dst_file_, plan));
+    const bool dst_export = nbdclient::IsNbdUri(dst_file_);
+    TD_RETURN_IF_ERROR(dst_export ? CreateOnExport(*src, plan) : CreateImageFile(dst_file_, plan));
 
     Status s = Copy(*src, !plan.backing_file.empty());
     if (!s.ok()) {
-      ::unlink(dst_file_.c_str());
+      if (!dst_export) ::unlink(dst_file_.c_str());
       return s;
     }
     (void)src->Close();
@@ -222,7 +230,52 @@ class ConvertCommand final : public Subcommand {
   }
 
  private:
+  // Lays an empty image on the export `dst_file_` so that what the copy
+  // skips (zero extents) reads as zeros there, as on a new file:
+  //  - raw: the export itself is the image; its first plan.size bytes are
+  //    zeroed with write-zeroes (the server may punch them), not written.
+  //  - qcow2: created at the export's start through nbdclient::ExportFile;
+  //    the export must hold what this conversion needs (qcow2::Measure,
+  //    asked only when the fully allocated size would not fit).
+  Status CreateOnExport(block::Device& src, const CreatePlan& plan) {
+    io::OpenOptions io_options;
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> store,
+                        block::OpenStorage(dst_file_, io_options));
+    TD_ASSIGN_OR_RETURN(uint64_t capacity, store->Size());
+    auto too_small = [&](uint64_t needed) {
+      return Status(Code::kNoSpace,
+                    dst_file_ + ": the export is too small (" + std::to_string(capacity) +
+                        " bytes) for the " + plan.format + " image (" + std::to_string(needed) +
+                        " bytes needed)",
+                    ENOSPC);
+    };
+    if (plan.format == "raw") {
+      if (capacity < plan.size) return too_small(plan.size);
+      TD_RETURN_IF_ERROR(store->PunchHole(0, plan.size));
+      return store->Flush();
+    }
+    qcow2::CreateOptions q = plan.qcow2;
+    q.size = plan.size;
+    q.backing_file = plan.backing_file;
+    q.backing_format = plan.backing_format;
+    TD_ASSIGN_OR_RETURN(uint64_t full, qcow2::FullyAllocatedSize(q));
+    if (capacity < full) {
+      TD_ASSIGN_OR_RETURN(qcow2::MeasureResult m, qcow2::Measure(&src, q));
+      if (capacity < m.required) return too_small(m.required);
+    }
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<nbdclient::ExportFile> view,
+                        nbdclient::ExportFile::Make(*store));
+    std::string warning;
+    Status s = qcow2::Create(*view, q, &warning);
+    if (!s.ok()) return s.WithContext(dst_file_);
+    if (!warning.empty()) PrintWarning(warning);
+    return Status::Ok();
+  }
+
   Status RefuseSameFile() const {
+    if (nbdclient::IsNbdUri(src_file_) && src_file_ == dst_file_) {
+      return Status::InvalidArgument("source and destination are the same export: " + dst_file_);
+    }
     struct stat a {}, b {};
     if (::stat(src_file_.c_str(), &a) == 0 && ::stat(dst_file_.c_str(), &b) == 0 &&
         a.st_dev == b.st_dev && a.st_ino == b.st_ino) {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "block/open.h"
+#include "nbdclient/nbd_uri.h"
 #include "vhd/vhd_image.h"
 
 namespace thindisk::cli {
@@ -72,7 +73,8 @@ Result<ImageSummary> ReadImageSummary(const std::string& filename, const std::st
   }
   io::OpenOptions io_options;
   io_options.read_only = true;
-  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, io::OpenFile(filename, io_options));
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
+                      block::OpenStorage(filename, io_options));
   TD_ASSIGN_OR_RETURN(s.actual_size, storage->AllocatedBytes());
   if (s.format == "raw") {
     TD_ASSIGN_OR_RETURN(s.virtual_size, storage->Size());
@@ -96,14 +98,17 @@ Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
                                                    const std::string& format) {
   std::vector<ImageSummary> chain;
   std::set<std::pair<dev_t, ino_t>> seen;
+  std::set<std::string> seen_uris;
   std::string name = filename;
   std::string fmt = format;
   std::string path_text;
   while (true) {
     struct stat st {};
-    if (::stat(name.c_str(), &st) != 0) return Status::FromErrno(errno, name);
+    const bool uri = nbdclient::IsNbdUri(name);
+    if (!uri && ::stat(name.c_str(), &st) != 0) return Status::FromErrno(errno, name);
     path_text += (path_text.empty() ? "" : " -> ") + name;
-    if (!seen.insert({st.st_dev, st.st_ino}).second) {
+    // An NBD export is identified by its URI (seen_uris), a file by inode.
+    if (uri ? !seen_uris.insert(name).second : !seen.insert({st.st_dev, st.st_ino}).second) {
       return Status::InvalidArgument("backing file loop: " + path_text);
     }
     if (chain.size() > block::kDefaultMaxChainDepth) {

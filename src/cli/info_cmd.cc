@@ -8,6 +8,7 @@
 #include "cli/common.h"
 #include "cli/image_summary.h"
 #include "cli/snapshot_table.h"
+#include "nbdclient/nbd_uri.h"
 
 namespace thindisk::cli {
 namespace {
@@ -67,7 +68,8 @@ Json ToJson(const ImageSummary& s) {
   if (s.header) j["cluster-size"] = s.header->cluster_size();
   if (!s.header && s.cluster_size) j["cluster-size"] = s.cluster_size;  // vmdk, vpc
   j["format"] = s.format;
-  j["actual-size"] = s.actual_size;
+  // An NBD export's host allocation is unknown: qemu-img leaves it out too.
+  if (!nbdclient::IsNbdUri(s.filename)) j["actual-size"] = s.actual_size;
   if (s.header) {
     const qcow2::Header& h = *s.header;
     Json data;
@@ -97,7 +99,9 @@ void PrintHuman(const ImageSummary& s) {
             << "file format: " << s.format << "\n"
             << "virtual size: " << HumanSize(s.virtual_size) << " (" << s.virtual_size
             << " bytes)\n"
-            << "disk size: " << HumanSize(s.actual_size) << "\n";
+            << "disk size: "
+            << (nbdclient::IsNbdUri(s.filename) ? "unavailable" : HumanSize(s.actual_size))
+            << "\n";
   if (!s.header) {
     if (s.cluster_size) std::cout << "cluster_size: " << s.cluster_size << "\n";  // vmdk, vpc
     if (s.vmdk) PrintVmdkHuman(*s.vmdk);

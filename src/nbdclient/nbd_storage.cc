@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
@@ -234,6 +235,12 @@ class NbdStorage final : public io::Storage {
     for (const auto& r : issued) {
       cv_.wait(lock, [&] { return r->done || !dead_.empty(); });
       if (!r->done) return DeadError();
+      if (r->error == ENOTCONN) {
+        // The connection died: libnbd fails the commands in flight first,
+        // then the event loop records why; that reason is the better line.
+        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !dead_.empty(); });
+        if (!dead_.empty()) return DeadError();
+      }
       if (r->error != 0 && first.ok()) {
         first = Status(CodeForErrno(r->error),
                        uri_ + ": " + what + " of " + std::to_string(length) + " bytes at offset " +

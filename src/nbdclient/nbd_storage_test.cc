@@ -4,13 +4,15 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <filesystem>
+#include <cstdio>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -41,7 +43,9 @@ class Nbdkit {
       execvp("nbdkit", cargv.data());
       _exit(127);
     }
-    for (int i = 0; i < 500 && !std::filesystem::exists(socket_); ++i) {
+    // The socket file appears at bind(), before listen(): wait until a
+    // connection is accepted (at most 5 s).
+    for (int i = 0; i < 500 && !Accepts(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
@@ -53,10 +57,20 @@ class Nbdkit {
       pid_ = -1;
     }
   }
-  bool ready() const { return std::filesystem::exists(socket_); }
+  bool ready() const { return Accepts(); }
   std::string uri() const { return "nbd+unix:///?socket=" + socket_; }
 
  private:
+  bool Accepts() const {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", socket_.c_str());
+    bool ok = fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+    if (fd >= 0) ::close(fd);
+    return ok;
+  }
+
   std::string socket_;
   pid_t pid_ = -1;
 };

@@ -1,0 +1,86 @@
+// Views `thindisk serve` puts between an image and its NBD export for
+// qemu-nbd's options that change what clients see without touching the
+// image format:
+//
+//  - WindowDevice: bytes [offset, offset + length) of the image as a whole
+//    device (qemu-nbd -o OFFSET, and --image-opts driver=raw's offset= and
+//    size=). Requests are shifted by offset and refused past the window's
+//    end; block status is clipped to the window. The window's size is fixed
+//    when it is made, so Resize is refused.
+//  - WriteThroughDevice: every write and write-zeroes is made durable
+//    before it completes (FUA on each), as qemu's cache=writethrough and
+//    cache=directsync (O_DIRECT underneath) promise.
+//
+// Everything else passes through. Thread safety: as the inner device (the
+// views keep no mutable state). Lifetime: they share ownership of the inner
+// device; Close closes it.
+#pragma once
+
+#include <memory>
+
+#include "block/device.h"
+
+namespace thindisk::cli {
+
+class WindowDevice final : public block::Device {
+ public:
+  // REQUIRES: offset + length <= inner->size() (checked by the caller, which
+  // names the option in its error: OpenExportDevice in serve_open.h).
+  WindowDevice(std::shared_ptr<block::Device> inner, uint64_t offset, uint64_t length)
+      : inner_(std::move(inner)), offset_(offset), length_(length) {}
+
+  uint64_t size() const override { return length_; }
+  const block::DeviceInfo& info() const override { return inner_->info(); }
+  Status Read(uint64_t offset, std::span<uint8_t> buf) override;
+  Status Write(uint64_t offset, std::span<const uint8_t> buf,
+               block::WriteFlags flags) override;
+  Status WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) override;
+  Status Discard(uint64_t offset, uint64_t length) override;
+  Status Flush() override { return inner_->Flush(); }
+  Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override;
+  Status Resize(uint64_t new_size, bool shrink) override;
+  Status Close() override { return inner_->Close(); }
+
+ private:
+  Status Check(uint64_t offset, uint64_t length) const;
+
+  std::shared_ptr<block::Device> inner_;
+  const uint64_t offset_;
+  const uint64_t length_;
+};
+
+class WriteThroughDevice final : public block::Device {
+ public:
+  explicit WriteThroughDevice(std::shared_ptr<block::Device> inner) : inner_(std::move(inner)) {}
+
+  uint64_t size() const override { return inner_->size(); }
+  const block::DeviceInfo& info() const override { return inner_->info(); }
+  Status Read(uint64_t offset, std::span<uint8_t> buf) override {
+    return inner_->Read(offset, buf);
+  }
+  Status Write(uint64_t offset, std::span<const uint8_t> buf,
+               block::WriteFlags flags) override {
+    flags.fua = true;
+    return inner_->Write(offset, buf, flags);
+  }
+  Status WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) override {
+    flags.fua = true;
+    return inner_->WriteZeroes(offset, length, flags);
+  }
+  Status Discard(uint64_t offset, uint64_t length) override {
+    return inner_->Discard(offset, length);
+  }
+  Status Flush() override { return inner_->Flush(); }
+  Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override {
+    return inner_->GetStatus(offset, max_length);
+  }
+  Status Resize(uint64_t new_size, bool shrink) override {
+    return inner_->Resize(new_size, shrink);
+  }
+  Status Close() override { return inner_->Close(); }
+
+ private:
+  std::shared_ptr<block::Device> inner_;
+};
+
+}  // namespace thindisk::cli

@@ -1,0 +1,40 @@
+// `thindisk serve -L`: qemu-nbd's list mode. Connects to an NBD server as
+// a client, lists its exports (NBD_OPT_LIST), asks each for its details
+// (NBD_OPT_INFO, NBD_OPT_LIST_META_CONTEXT) and prints them in qemu-nbd
+// -L's layout, so scripts that parse one parse the other:
+//
+//   exports available: 1
+//    export: 'one'
+//     description: text          (only when non-empty)
+//     size:  16777216
+//     flags: 0xced ( flush fua trim zeroes df cache fast-zero )
+//     min block: 1               (these three when the server sends them)
+//     opt block: 4096
+//     max block: 33554432
+//     available meta contexts: 1 (when there are any)
+//      base:allocation
+//
+// The flags are rebuilt from what libnbd reports per flag (all of NBD's
+// transmission flags but RESIZE, which libnbd does not expose).
+// Built on libnbd; without it (THINDISK_HAVE_LIBNBD unset) ListExports
+// returns kNotSupported.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "util/result.h"
+
+namespace thindisk::cli {
+
+struct ListTarget {
+  std::string unix_socket;  // when set, used instead of TCP
+  std::string host = "127.0.0.1";
+  uint16_t port = 10809;
+};
+
+// Prints the listing on stdout. Errors name the server that could not be
+// reached or listed.
+Status ListExports(const ListTarget& target);
+
+}  // namespace thindisk::cli

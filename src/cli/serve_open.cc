@@ -1,0 +1,119 @@
+#include "cli/serve_open.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cli/serve_devices.h"
+#include "qcow2/image.h"
+
+namespace thindisk::cli {
+namespace {
+
+// A new empty file in $TMPDIR for the -s overlay; *path says where.
+Result<std::unique_ptr<io::Storage>> MakeTempFile(std::string* path) {
+  const char* dir = std::getenv("TMPDIR");
+  std::string tmpl = std::string(dir && *dir ? dir : "/tmp") + "/thindisk-snapshot-XXXXXX";
+  std::vector<char> name(tmpl.begin(), tmpl.end());
+  name.push_back('\0');
+  int fd = ::mkstemp(name.data());
+  if (fd < 0) return Status::FromErrno(errno, "-s/--snapshot: temporary file " + tmpl);
+  ::close(fd);
+  *path = name.data();
+  io::OpenOptions io_options;  // a scratch file: no image lock
+  auto storage = io::OpenFile(*path, io_options);
+  if (!storage) ::unlink(path->c_str());
+  return storage;
+}
+
+// -s: a temporary qcow2 overlay over `file`, opened, and already unlinked.
+Result<std::unique_ptr<block::Device>> OpenTempOverlay(const std::string& file,
+                                                       const block::OpenOptions& options) {
+  // 1. The image, read-only, to learn its format and size (and that it opens).
+  block::OpenOptions ro = options;
+  ro.read_only = true;
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> image, block::Open(file, ro));
+  const uint64_t size = image->size();
+  const std::string format = image->info().format;
+  TD_RETURN_IF_ERROR(image->Close());
+  image.reset();
+  char resolved[PATH_MAX];
+  if (::realpath(file.c_str(), resolved) == nullptr) return Status::FromErrno(errno, file);
+
+  // 2. The overlay file; from here on every way out unlinks it.
+  std::string path;
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, MakeTempFile(&path));
+  qcow2::CreateOptions create;
+  create.size = size;
+  create.backing_file = resolved;
+  create.backing_format = format;
+  Status made = qcow2::Create(*storage, create);
+  if (made.ok()) made = storage->Flush();
+  storage.reset();
+  if (!made.ok()) {
+    ::unlink(path.c_str());
+    return made.WithContext("-s/--snapshot: temporary overlay " + path);
+  }
+
+  // 3. Open it read-write over the read-only image, then unlink it: the
+  //    open descriptor keeps it alive exactly as long as the server.
+  block::OpenOptions overlay = options;
+  overlay.format = "qcow2";
+  overlay.read_only = false;
+  overlay.snapshot = {};
+  auto dev = block::Open(path, overlay);
+  ::unlink(path.c_str());
+  if (!dev) return dev.status().WithContext("-s/--snapshot");
+  return dev;
+}
+
+}  // namespace
+
+Result<std::shared_ptr<block::Device>> OpenExportDevice(const std::string& file,
+                                                        const ExportSettings& settings) {
+  // 1. The image, or the overlay that takes its writes.
+  std::shared_ptr<block::Device> dev;
+  if (settings.temp_overlay) {
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> d, OpenTempOverlay(file, settings.open));
+    dev = std::move(d);
+  } else {
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> d, block::Open(file, settings.open));
+    dev = std::move(d);
+  }
+
+  // 2. The window, which must lie inside the image.
+  if (settings.offset != 0 || settings.size.has_value()) {
+    uint64_t image_size = dev->size();
+    Status bad;
+    if (settings.offset > image_size) {
+      bad = Status::InvalidArgument(file + ": offset " + std::to_string(settings.offset) +
+                                    " is past the image size " + std::to_string(image_size));
+    } else if (settings.size && *settings.size > image_size - settings.offset) {
+      bad = Status::InvalidArgument(file + ": offset " + std::to_string(settings.offset) +
+                                    " + size " + std::to_string(*settings.size) +
+                                    " is past the image size " + std::to_string(image_size));
+    }
+    if (!bad.ok()) {
+      (void)dev->Close();
+      return bad;
+    }
+    uint64_t length = settings.size.value_or(image_size - settings.offset);
+    dev = std::make_shared<WindowDevice>(std::move(dev), settings.offset, length);
+  }
+
+  // 3. Durable writes, then the discard/detect-zeroes policy on top (so a
+  //    write turned into write-zeroes is durable too).
+  if (settings.write_through) dev = std::make_shared<WriteThroughDevice>(std::move(dev));
+  if (!settings.filter.passthrough())
+    dev = std::make_shared<nbd::FilterDevice>(std::move(dev), settings.filter);
+  return dev;
+}
+
+}  // namespace thindisk::cli

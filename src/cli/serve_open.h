@@ -1,0 +1,42 @@
+// Opening one export of `thindisk serve` the way qemu-nbd's options ask:
+// the image (or an internal snapshot of it, -l), a temporary overlay that
+// takes the writes (-s), a byte window of it (-o, --image-opts
+// driver=raw,offset=,size=), writes made durable one by one
+// (--cache=writethrough|directsync) and the discard/detect-zeroes filter.
+//
+// Layers, bottom up: image [-> temporary overlay] [-> window]
+// [-> write-through] [-> filter]. Closing `device` closes the whole stack.
+//
+// The -s overlay is a qcow2 file in $TMPDIR (else /tmp) whose backing file
+// is the image, opened read-only. It is unlinked as soon as it is open, so
+// it disappears when the server exits, however it exits, and also when
+// opening fails half way; the image itself is never written.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "block/device.h"
+#include "block/open.h"
+#include "nbd/filter_device.h"
+#include "util/result.h"
+
+namespace thindisk::cli {
+
+struct ExportSettings {
+  block::OpenOptions open;  // format, read_only, cache, snapshot (-l), ...
+  bool temp_overlay = false;     // -s/--snapshot
+  uint64_t offset = 0;           // -o/--offset (plus --image-opts offset=)
+  std::optional<uint64_t> size;  // --image-opts size=: the window's length
+  bool write_through = false;    // FUA on every write
+  nbd::FilterOptions filter;
+};
+
+// Opens `file` per `settings`. Errors name the file and, for a window that
+// does not fit, the offset and the image size.
+Result<std::shared_ptr<block::Device>> OpenExportDevice(const std::string& file,
+                                                        const ExportSettings& settings);
+
+}  // namespace thindisk::cli
