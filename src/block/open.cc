@@ -128,7 +128,12 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
     TD_ASSIGN_OR_RETURN(format, ProbeStorage(*storage));
   }
 
-  // 3. Hand it to the driver.
+  // 3. Hand it to the driver. Only the top image shows a snapshot.
+  const bool top = chain.size() == 1;
+  if (top && !options.snapshot.empty() && format != "qcow2") {
+    return Status::NotSupported(filename + ": internal snapshots need a qcow2 image, not " +
+                                format);
+  }
   if (format == "raw") return raw::OpenRaw(std::move(storage), read_only, filename);
   if (format == "vmdk" || format == "vpc") {
     return OpenImport(std::move(storage), filename, format, read_only, options);
@@ -140,6 +145,7 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
   q.read_only = read_only;
   q.cache_bytes = options.cache_bytes;
   q.no_backing = no_backing;
+  if (top) q.snapshot = options.snapshot;
   q.open_backing = [filename, options, chain](const std::string& name,
                                               const std::string& backing_format)
       -> Result<std::unique_ptr<Device>> {

@@ -31,6 +31,7 @@
 
 #include "block/device.h"
 #include "io/storage.h"
+#include "qcow2/snapshot_selector.h"
 #include "util/result.h"
 
 namespace thindisk::block {
@@ -48,6 +49,11 @@ struct OpenOptions {
   io::CacheMode cache = io::CacheMode::kWriteback;
   // Do not open the backing file of the top image (info, check, rebase -u).
   bool no_backing = false;
+  // Open this internal snapshot of the top image instead of its active
+  // content (qemu-nbd -l; qcow2 only, else kNotSupported). The view is
+  // read-only: set read_only too, so the file is opened and locked for
+  // reading. Backing files open as usual.
+  qcow2::SnapshotSelector snapshot;
   uint32_t max_chain_depth = kDefaultMaxChainDepth;
   // Metadata cache budget for each qcow2 layer.
   uint64_t cache_bytes = 64ull << 20;
