@@ -94,14 +94,16 @@ uint32_t ContextFlags(uint32_t context_id, const block::Extent& e) {
 
 Connection::Connection(int in_fd, int out_fd, const std::vector<Export>* exports,
                        WorkerPool* pool, int cancel_fd,
-                       const std::atomic<bool>* shutting_down, ConnectionOptions options)
+                       const std::atomic<bool>* shutting_down, ConnectionOptions options,
+                       EnterTransmission enter_transmission)
     : in_fd_(in_fd),
       out_fd_(out_fd),
       exports_(exports),
       pool_(pool),
       cancel_fd_(cancel_fd),
       shutting_down_(shutting_down),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      enter_transmission_(std::move(enter_transmission)) {}
 
 Status Connection::Run() {
   Status s = Negotiate();
@@ -157,6 +159,11 @@ Status Connection::Negotiate() {
       TD_RETURN_IF_ERROR(ReadInto(&buf, r->need));
     }
     Negotiator::Step step = negotiator.Handle(*d.message);
+    // The server counts sessions from here: ask before the reply that
+    // starts transmission, so a refused client never sees it.
+    if (step.next == Negotiator::Next::kTransmission && enter_transmission_ &&
+        !enter_transmission_())
+      return Status::Busy("dropped before transmission");
     if (!step.reply.empty()) TD_RETURN_IF_ERROR(WriteAll(out_fd_, step.reply));
     if (step.next == Negotiator::Next::kClose)
       return Status::NotFound("client ended negotiation");

@@ -38,6 +38,11 @@
 // `cancel_fd` becomes readable (server shutdown), and only after every
 // accepted request has been answered. It never closes the descriptors.
 //
+// Threads: while negotiating, a connection is its reader thread alone; the
+// writer thread starts with transmission. An idle session (no request in
+// flight) holds no WorkerPool thread: its reader waits in poll() and its
+// writer on a condition variable.
+//
 // Thread safety: Run() is called once, from one thread.
 #pragma once
 
@@ -111,10 +116,18 @@ class OutgoingReply {
 
 class Connection {
  public:
+  // Asked once negotiation has chosen an export, before the reply that
+  // starts transmission is sent: true lets the session begin; false ends
+  // it there, without that reply (the server dropped the connection while
+  // it negotiated, or is shutting down). It may block (waiting for a
+  // session slot). The server's seam for counting sessions (server.h).
+  using EnterTransmission = std::function<bool()>;
+
   // `exports`, `pool` and `shutting_down` must outlive Run().
+  // `enter_transmission` may be empty (always true).
   Connection(int in_fd, int out_fd, const std::vector<Export>* exports, WorkerPool* pool,
              int cancel_fd, const std::atomic<bool>* shutting_down,
-             ConnectionOptions options);
+             ConnectionOptions options, EnterTransmission enter_transmission = {});
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
@@ -159,6 +172,7 @@ class Connection {
   const int cancel_fd_;
   const std::atomic<bool>* shutting_down_;
   const ConnectionOptions options_;
+  const EnterTransmission enter_transmission_;
 
   // Set by Negotiate(), read-only afterwards.
   const Export* export_ = nullptr;

@@ -1,5 +1,6 @@
 #include "nbd/listener.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -86,6 +87,34 @@ Result<uint16_t> BoundPort(int fd) {
   if (ss.ss_family == AF_INET6)
     return uint16_t(ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port));
   return Status::InvalidArgument("not a TCP socket");
+}
+
+std::string DescribePeer(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  const std::string fallback = "fd " + std::to_string(fd);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) < 0) return fallback;
+  char host[INET6_ADDRSTRLEN] = "";
+  if (ss.ss_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(&ss);
+    if (!inet_ntop(AF_INET, &in->sin_addr, host, sizeof host)) return fallback;
+    return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&ss);
+    if (!inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof host)) return fallback;
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(in6->sin6_port));
+  }
+  if (ss.ss_family == AF_UNIX) {
+    // Unix clients rarely bind a name; the kernel knows who connected.
+    ucred cred{};
+    socklen_t clen = sizeof cred;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) == 0 && cred.pid > 0)
+      return "unix socket (pid " + std::to_string(cred.pid) + ", uid " +
+             std::to_string(cred.uid) + ")";
+    return "unix socket";
+  }
+  return fallback;
 }
 
 Result<std::vector<int>> SocketActivationFds() {

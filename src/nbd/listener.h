@@ -25,6 +25,11 @@ Result<int> ListenTcp(const std::string& host, uint16_t port);
 // The local port a TCP listener is bound to.
 Result<uint16_t> BoundPort(int fd);
 
+// Who is at the other end of a connected socket, for log lines:
+// "127.0.0.1:40312", "[::1]:40312", "unix socket (pid 812, uid 0)", or
+// "fd 5" when `fd` is no socket (stdio on pipes) or says nothing more.
+std::string DescribePeer(int fd);
+
 // Socket activation: when LISTEN_PID is this process, the LISTEN_FDS
 // descriptors starting at 3. Empty when the process was not activated.
 // Clears the variables so child processes do not inherit them.

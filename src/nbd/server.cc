@@ -4,10 +4,12 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <set>
 
 #include "nbd/listener.h"
@@ -21,6 +23,23 @@ void Signal(int event_fd) {
   // the fd readable, which is all the pollers look at.
   ssize_t n = write(event_fd, &one, sizeof one);
   (void)n;
+}
+
+void Drain(int event_fd) {
+  uint64_t count;
+  ssize_t n = read(event_fd, &count, sizeof count);
+  (void)n;
+}
+
+bool IsSocket(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+std::string Seconds(std::chrono::milliseconds ms) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g s", double(ms.count()) / 1000);
+  return buf;
 }
 
 }  // namespace
@@ -38,27 +57,32 @@ Result<std::unique_ptr<Server>> Server::Create(std::vector<Export> exports,
       return Status::InvalidArgument("two exports named '" + e.name + "'");
   }
   int shutdown_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  int reap_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (shutdown_fd < 0 || reap_fd < 0) {
+  int wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (shutdown_fd < 0 || wake_fd < 0) {
     int e = errno;
     if (shutdown_fd >= 0) close(shutdown_fd);
-    if (reap_fd >= 0) close(reap_fd);
+    if (wake_fd >= 0) close(wake_fd);
     return Status::FromErrno(e, "eventfd");
   }
   return std::unique_ptr<Server>(
-      new Server(std::move(exports), std::move(options), shutdown_fd, reap_fd));
+      new Server(std::move(exports), std::move(options), shutdown_fd, wake_fd));
 }
 
 Server::Server(std::vector<Export> exports, ServerOptions options, int shutdown_fd,
-               int reap_fd)
+               int wake_fd)
     : exports_(std::move(exports)),
       options_(std::move(options)),
       shutdown_fd_(shutdown_fd),
-      reap_fd_(reap_fd),
+      wake_fd_(wake_fd),
       pool_(options_.threads) {}
 
 Server::~Server() {
   RequestShutdown();
+  {
+    // Connections waiting for a session slot see shutting_down_ and end.
+    std::lock_guard<std::mutex> lock(mu_);
+    slot_cv_.notify_all();
+  }
   ReapFinished(/*all=*/true);
   std::lock_guard<std::mutex> lock(mu_);
   for (const Listener& l : listeners_) {
@@ -66,7 +90,13 @@ Server::~Server() {
     if (!l.unix_path.empty()) unlink(l.unix_path.c_str());
   }
   close(shutdown_fd_);
-  close(reap_fd_);
+  close(wake_fd_);
+}
+
+size_t Server::NegotiatingCap() const {
+  if (options_.max_negotiating > 0) return options_.max_negotiating;
+  if (options_.max_connections == 0) return 0;
+  return std::max(kMinNegotiating, options_.max_connections);
 }
 
 Status Server::ListenUnix(const std::string& path) {
@@ -93,30 +123,116 @@ Status Server::AdoptListener(int fd) {
 }
 
 void Server::AddConnection(int in_fd, int out_fd, bool owns_fds) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++connections_started_;
-  connections_.emplace_back();
-  ConnectionThread* self = &connections_.back();  // std::list: stable address
-  self->in_fd = in_fd;
-  self->out_fd = out_fd;
-  self->thread = std::thread([this, self, in_fd, out_fd, owns_fds] {
-    {
-      Connection conn(in_fd, out_fd, &exports_, &pool_, shutdown_fd_, &shutting_down_,
-                      options_.connection);
-      (void)conn.Run();  // it logs why it ended
-    }
-    {
-      // Closed under mu_ together with `done`, so DrainConnections never
-      // shuts down a descriptor number that has been reused.
-      std::lock_guard<std::mutex> l(mu_);
-      if (owns_fds) {
-        close(in_fd);
-        if (out_fd != in_fd) close(out_fd);
+  std::string peer = DescribePeer(in_fd);  // syscalls: before taking mu_
+  const bool cuttable = IsSocket(in_fd);
+  std::vector<std::string> notes;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // 1. Make room: at the negotiating cap the oldest negotiator goes.
+    //    Connections that cannot be cut (pipes) are passed over; if only
+    //    they negotiate, the newcomer is admitted past the cap.
+    const size_t cap = NegotiatingCap();
+    if (cap > 0 && Count(Phase::kNegotiating) >= cap) {
+      for (ConnectionThread& c : connections_) {
+        if (c.phase != Phase::kNegotiating || !c.cuttable) continue;
+        Cut(&c,
+            "still negotiating when a new client arrived and " + std::to_string(cap) +
+                " connections were negotiating",
+            &notes);
+        break;
       }
-      self->done = true;
     }
-    Signal(reap_fd_);
+    // 2. Start it.
+    connections_.emplace_back();
+    ConnectionThread* self = &connections_.back();  // std::list: stable address
+    self->in_fd = in_fd;
+    self->out_fd = out_fd;
+    self->number = ++connections_started_;
+    self->peer = std::move(peer);
+    self->arrived = std::chrono::steady_clock::now();
+    self->cuttable = cuttable;
+    ++in_phase_[size_t(Phase::kNegotiating)];
+    self->thread = std::thread([this, self, in_fd, out_fd, owns_fds] {
+      {
+        Connection conn(in_fd, out_fd, &exports_, &pool_, shutdown_fd_, &shutting_down_,
+                        options_.connection,
+                        [this, self] { return EnterTransmission(self); });
+        (void)conn.Run();  // it logs why it ended
+      }
+      {
+        // Closed under mu_ together with kDone, so Cut and DrainConnections
+        // never shut down a descriptor number that has been reused.
+        std::lock_guard<std::mutex> l(mu_);
+        if (owns_fds) {
+          close(in_fd);
+          if (out_fd != in_fd) close(out_fd);
+        }
+        if (self->phase == Phase::kEstablished) slot_cv_.notify_all();  // a slot freed
+        SetPhase(self, Phase::kDone);
+      }
+      Signal(wake_fd_);
+    });
+  }
+  Log(notes);
+  Signal(wake_fd_);  // Run() recomputes its handshake deadline
+}
+
+bool Server::EnterTransmission(ConnectionThread* c) {
+  std::unique_lock<std::mutex> lock(mu_);
+  // Finishing the handshake while every session slot is taken (several
+  // clients were negotiating when the last slot went) waits for a slot.
+  slot_cv_.wait(lock, [&] {
+    return c->phase != Phase::kNegotiating || shutting_down_.load() || !SessionsFull();
   });
+  if (c->phase != Phase::kNegotiating || shutting_down_.load()) return false;
+  SetPhase(c, Phase::kEstablished);
+  return true;
+}
+
+void Server::SetPhase(ConnectionThread* c, Phase phase) {
+  --in_phase_[size_t(c->phase)];
+  ++in_phase_[size_t(phase)];
+  c->phase = phase;
+}
+
+bool Server::SessionsFull() const {
+  return options_.max_connections > 0 &&
+         Count(Phase::kEstablished) >= options_.max_connections;
+}
+
+void Server::Cut(ConnectionThread* c, const std::string& why,
+                 std::vector<std::string>* notes) {
+  // Not kDone, so the fds are still open (see the connection thread).
+  (void)shutdown(c->in_fd, SHUT_RDWR);
+  if (c->out_fd != c->in_fd) (void)shutdown(c->out_fd, SHUT_RDWR);
+  SetPhase(c, Phase::kClosing);
+  slot_cv_.notify_all();  // in case it waits for a session slot
+  notes->push_back("nbd: connection " + std::to_string(c->number) + " from " + c->peer +
+                   " dropped: " + why);
+}
+
+int Server::ExpireHandshakes(std::vector<std::string>* notes) {
+  const std::chrono::milliseconds limit = options_.handshake_timeout;
+  if (limit.count() <= 0) return -1;
+  const auto now = std::chrono::steady_clock::now();
+  int64_t next = -1;
+  for (ConnectionThread& c : connections_) {
+    if (c.phase != Phase::kNegotiating || !c.cuttable) continue;
+    const auto due = c.arrived + limit;
+    if (due <= now) {
+      Cut(&c, "no NBD handshake within " + Seconds(limit), notes);
+      continue;
+    }
+    // Rounded up, so the wake-up is never early.
+    const int64_t ms = std::chrono::ceil<std::chrono::milliseconds>(due - now).count();
+    next = next < 0 ? ms : std::min(next, ms);
+  }
+  return int(next);
+}
+
+void Server::Log(const std::vector<std::string>& notes) const {
+  if (!options_.connection.log) return;
+  for (const std::string& line : notes) options_.connection.log(line);
 }
 
 void Server::AcceptFrom(int listen_fd) {
@@ -138,18 +254,24 @@ void Server::ReapFinished(bool all) {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = connections_.begin(); it != connections_.end();) {
       auto next = std::next(it);
-      if (all || it->done) finished.splice(finished.end(), connections_, it);
+      if (all || it->phase == Phase::kDone)
+        finished.splice(finished.end(), connections_, it);
       it = next;
     }
   }
   for (ConnectionThread& c : finished) c.thread.join();
+  // Joined: each thread set kDone on its way out (under mu_).
+  std::lock_guard<std::mutex> lock(mu_);
+  in_phase_[size_t(Phase::kDone)] -= finished.size();
 }
 
 Status Server::Run() {
   bool first_done = false;
   for (;;) {
     // 1. Decide whether to go on.
-    std::vector<pollfd> fds = {{shutdown_fd_, POLLIN, 0}, {reap_fd_, POLLIN, 0}};
+    std::vector<pollfd> fds = {{shutdown_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    int timeout_ms = -1;
+    std::vector<std::string> notes;
     {
       std::lock_guard<std::mutex> lock(mu_);
       const bool idle = connections_.empty();
@@ -157,21 +279,25 @@ Status Server::Run() {
       if (shutting_down_.load()) break;
       if (listeners_.empty() && idle) break;
       if (options_.once && first_done) break;
-      // At the connection limit the listeners are not polled: new clients
-      // wait in the backlog and a finished connection (reap_fd_) reopens them.
-      const bool full = options_.max_connections > 0 &&
-                        connections_.size() >= options_.max_connections;
-      if (!full)
+      timeout_ms = ExpireHandshakes(&notes);
+      // While every session slot is taken the listeners are not polled:
+      // new clients wait in the backlog and a finished session (wake_fd_)
+      // reopens them. Nor while as many cut connections are still ending
+      // as may negotiate: that bounds the threads of connections that are
+      // not sessions to twice the cap, and cut ones end within moments.
+      const size_t cap = NegotiatingCap();
+      const bool closing_full = cap > 0 && Count(Phase::kClosing) >= cap;
+      if (!SessionsFull() && !closing_full)
         for (const Listener& l : listeners_) fds.push_back({l.fd, POLLIN, 0});
     }
-    // 2. Wait for a client, a finished connection or shutdown.
-    if (poll(fds.data(), fds.size(), -1) < 0 && errno != EINTR)
+    Log(notes);
+    // 2. Wait for a client, a change in the connections, the next
+    //    handshake deadline or shutdown.
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR)
       return Status::FromErrno(errno, "poll");
     if (fds[0].revents) break;
     if (fds[1].revents) {
-      uint64_t count;
-      ssize_t n = read(reap_fd_, &count, sizeof count);
-      (void)n;
+      Drain(wake_fd_);
       ReapFinished(/*all=*/false);
     }
     for (size_t i = 2; i < fds.size(); ++i)
@@ -182,6 +308,7 @@ Status Server::Run() {
   RequestShutdown();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    slot_cv_.notify_all();  // connections waiting for a session slot end
     for (const Listener& l : listeners_) {
       close(l.fd);
       if (!l.unix_path.empty()) unlink(l.unix_path.c_str());
@@ -203,7 +330,7 @@ void Server::DrainConnections() {
       if (connections_.empty()) return;
       if (now >= deadline) {
         for (const ConnectionThread& c : connections_) {
-          if (c.done) continue;
+          if (c.phase == Phase::kDone) continue;
           (void)shutdown(c.in_fd, SHUT_RDWR);  // ENOTSOCK for pipes: nothing to cut
           (void)shutdown(c.out_fd, SHUT_RDWR);
         }
@@ -212,12 +339,8 @@ void Server::DrainConnections() {
     }
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-    pollfd p = {reap_fd_, POLLIN, 0};
-    if (poll(&p, 1, int(std::min<int64_t>(left.count() + 1, 1000))) > 0) {
-      uint64_t count;
-      ssize_t n = read(reap_fd_, &count, sizeof count);
-      (void)n;
-    }
+    pollfd p = {wake_fd_, POLLIN, 0};
+    if (poll(&p, 1, int(std::min<int64_t>(left.count() + 1, 1000))) > 0) Drain(wake_fd_);
   }
 }
 
@@ -286,6 +409,7 @@ Status RunServer(const ServeOptions& options, std::vector<Export> exports) {
   so.threads = options.threads;
   so.once = options.once;
   so.max_connections = options.max_connections;
+  so.handshake_timeout = options.handshake_timeout;
   so.connection.max_inflight_bytes = options.max_inflight_bytes;
   so.connection.inline_cached_writes = options.inline_cached_writes;
   so.connection.log = options.log;

@@ -22,6 +22,26 @@
 // the same path. Requests from all connections run on one WorkerPool sized
 // to the machine.
 //
+// Admission (docs/serve-limits.md): a connection is first *negotiating*
+// (the NBD handshake), then an *established* session (transmission). The
+// two are counted apart, so clients that never finish the handshake cannot
+// take the sessions' places:
+//  - max_connections caps established sessions. While they are all taken
+//    the listeners are not polled (newcomers wait in the listen backlog),
+//    and a client that finishes negotiating waits for a place before its
+//    final reply (still subject to the handshake timeout).
+//  - NegotiatingCap() caps connections negotiating at once. A newcomer that
+//    finds them all taken evicts the oldest: its socket is shut down, its
+//    thread sees end of stream and ends. Silent clients so push out only
+//    each other, while a real client, which negotiates in milliseconds,
+//    gets through; the server keeps accepting (draining the backlog) as
+//    long as such evictions free places.
+//  - handshake_timeout: a connection still negotiating that long after it
+//    arrived is cut the same way, with a log line naming it.
+// Evicting and timing out work by shutdown(2) on the connection's socket,
+// so a connection whose in_fd is no socket (--stdio on pipes: a parent
+// process, not a stranger) is exempt from both.
+//
 // Shutdown: RequestShutdown() only writes to an eventfd (and sets an atomic
 // flag), so it may be called from any thread or from a signal handler. Run()
 // then stops accepting, makes every connection stop reading, waits for
@@ -33,8 +53,10 @@
 // any thread, before or during Run(); Run() is called once.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -56,15 +78,28 @@ struct ServerOptions {
   ConnectionOptions connection;
   bool once =
       false;  // stop after the first connection ends (qemu-nbd without --persistent)
-  // At most this many clients at once (0: no limit). At the limit the server
-  // stops accepting; further clients wait in the listen backlog until one
-  // leaves, as with qemu-nbd --shared.
+  // At most this many established sessions (clients past the handshake)
+  // at once (0: no limit). At the limit the server stops accepting; further
+  // clients wait in the listen backlog until one leaves, as with qemu-nbd
+  // --shared.
   size_t max_connections = 0;
+  // At most this many connections still negotiating at once, counted apart
+  // from max_connections; a newcomer past it evicts the oldest (see
+  // Admission above). 0: max(kMinNegotiating, max_connections), and no
+  // limit when max_connections is 0 either.
+  size_t max_negotiating = 0;
+  // A connection that has not reached transmission this long after it
+  // arrived is dropped (0: never).
+  std::chrono::milliseconds handshake_timeout{10000};
   // How long shutdown waits for connections to finish their in-flight
   // requests before cutting their sockets (a client that stops reading
   // replies would otherwise hold shutdown forever).
   std::chrono::milliseconds drain_timeout{30000};
 };
+
+// The smallest default negotiating cap: room for a burst of real clients
+// (a 16-connection nbdcopy) even when max_connections is small.
+inline constexpr size_t kMinNegotiating = 16;
 
 class Server {
  public:
@@ -83,8 +118,9 @@ class Server {
   Status ListenTcp(const std::string& host, uint16_t port);
   // Serves an already-listening socket (socket activation); closes it at the end.
   Status AdoptListener(int fd);
-  // Serves one client on (in_fd, out_fd) at once, on its own thread.
-  // owns_fds: close them when the connection ends.
+  // Serves one client on (in_fd, out_fd) at once, on its own thread; it is
+  // admitted like an accepted client (it may evict the oldest negotiating
+  // connection). owns_fds: close them when the connection ends.
   void AddConnection(int in_fd, int out_fd, bool owns_fds);
 
   // Serves until RequestShutdown(); also returns when there are no
@@ -95,6 +131,8 @@ class Server {
   void RequestShutdown();
 
   uint16_t tcp_port() const { return tcp_port_.load(); }
+  // The negotiating cap in force (0: none); see ServerOptions::max_negotiating.
+  size_t NegotiatingCap() const;
   const std::vector<Export>& exports() const { return exports_; }
 
  private:
@@ -102,17 +140,41 @@ class Server {
     int fd;
     std::string unix_path;  // unlinked at shutdown when set
   };
+  // Where a connection is: negotiating -> established -> done, or
+  // negotiating -> closing (cut by eviction or the handshake timeout; its
+  // thread is ending) -> done.
+  enum class Phase { kNegotiating, kEstablished, kClosing, kDone };
   struct ConnectionThread {
     std::thread thread;
     int in_fd = -1;
     int out_fd = -1;
-    bool done = false;  // guarded by mu_; once set, the fds may be closed
+    uint64_t number = 0;  // 1, 2, ... in order of arrival (log lines)
+    std::string peer;     // DescribePeer(in_fd)
+    std::chrono::steady_clock::time_point arrived;
+    bool cuttable = false;  // in_fd is a socket: shutdown(2) wakes its reader
+    // Guarded by mu_; changed only by SetPhase. Once kDone, the fds may be
+    // closed.
+    Phase phase = Phase::kNegotiating;
   };
 
   Server(std::vector<Export> exports, ServerOptions options, int shutdown_fd,
-         int reap_fd);
+         int wake_fd);
   void AcceptFrom(int listen_fd);
   void ReapFinished(bool all);
+  // The connection's EnterTransmission (connection.h): waits for a session
+  // slot; false when the connection was cut meanwhile or shutdown began.
+  bool EnterTransmission(ConnectionThread* c);
+  // REQUIRES: mu_ held (these five).
+  void SetPhase(ConnectionThread* c, Phase phase);
+  size_t Count(Phase phase) const { return in_phase_[size_t(phase)]; }
+  bool SessionsFull() const;
+  // Shuts c's socket down and marks it closing; the line for the log goes
+  // to *notes (logged once mu_ is released).
+  void Cut(ConnectionThread* c, const std::string& why, std::vector<std::string>* notes);
+  // Cuts every negotiating connection past handshake_timeout; returns the
+  // milliseconds until the next one is due (-1: none).
+  int ExpireHandshakes(std::vector<std::string>* notes);
+  void Log(const std::vector<std::string>& notes) const;
   // Waits up to drain_timeout for connections to end, then cuts the
   // sockets of those that have not.
   void DrainConnections();
@@ -121,15 +183,21 @@ class Server {
   const std::vector<Export> exports_;
   const ServerOptions options_;
   const int shutdown_fd_;  // eventfd: readable once shutdown is requested (never drained)
-  const int reap_fd_;      // eventfd: a connection thread has finished
+  // eventfd: the connections changed (one finished, one was added); Run()
+  // reaps and recomputes what it polls and how long.
+  const int wake_fd_;
   std::atomic<bool> shutting_down_{false};
   std::atomic<uint16_t> tcp_port_{0};
   WorkerPool pool_;
 
   std::mutex mu_;
   std::vector<Listener> listeners_;          // guarded by mu_
-  std::list<ConnectionThread> connections_;  // guarded by mu_
+  std::list<ConnectionThread> connections_;  // guarded by mu_; in order of arrival
   size_t connections_started_ = 0;           // guarded by mu_
+  std::array<size_t, 4> in_phase_{};         // connections_ per Phase; guarded by mu_
+  // Notified (under mu_) when a session slot frees, a connection is cut or
+  // shutdown begins: what EnterTransmission waits for.
+  std::condition_variable slot_cv_;
 };
 
 // What `thindisk serve` asks for. With none of unix_socket, tcp, stdio and
@@ -144,7 +212,8 @@ struct ServeOptions {
   bool once = false;               // return after the first client disconnects
   bool handle_signals = true;      // SIGINT/SIGTERM shut down gracefully; SIGPIPE ignored
   size_t threads = 0;              // worker threads; 0: one per CPU
-  size_t max_connections = 0;      // clients at once; 0: no limit
+  size_t max_connections = 0;      // established sessions at once; 0: no limit
+  std::chrono::milliseconds handshake_timeout{10000};  // ServerOptions'; 0: none
   size_t max_inflight_bytes = 64u << 20;        // per connection
   bool inline_cached_writes = false;  // ConnectionOptions::inline_cached_writes
   std::function<void(const std::string&)> log;  // diagnostics; nullptr: silent

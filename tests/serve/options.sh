@@ -46,9 +46,21 @@ expect_eq "exit status after SIGINT" "$rc" 0
 log "--max-connections 1: a second client waits until the first leaves"
 serve_unix mc mc.sock --max-connections 1 disk.qcow2
 pid=$SERVER_PID
+# The holder must be a session (past the handshake): connections still
+# negotiating are counted apart (docs/serve-limits.md).
 python3 -c '
-import socket, sys, time
-s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.recv(18)  # server greeting
+import socket, struct, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+def recv(n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b)); assert c, "server hung up"; b += c
+    return b
+recv(18)  # server greeting
+s.sendall(struct.pack(">I", 3))  # fixed newstyle, no zeroes
+s.sendall(struct.pack(">QIIIH", 0x49484156454F5054, 7, 6, 0, 0))  # NBD_OPT_GO "", no info
+while struct.unpack(">QIII", h := recv(20))[2] != 1:  # replies until NBD_REP_ACK
+    recv(struct.unpack(">QIII", h)[3])
 open(sys.argv[3], "w").close()
 time.sleep(float(sys.argv[2]))' "$TMP/mc.sock" 3 "$TMP/holding" &
 holder=$!
