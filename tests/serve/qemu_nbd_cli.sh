@@ -217,6 +217,8 @@ qemu-io -f raw plain.raw -c 'write -P 0x7a 1M 1M' -c 'write -P 0x7b 3M 64k' >/de
 differential offset plain.raw o.raw -f raw -o 1048576 -t @IMG@
 expect_eq "-o: export size" "$(jq .size t.info)" $((7 << 20))
 differential "offset hex" plain.raw o2.raw -f raw --offset=0x200000 -t @IMG@
+differential "offset qcow2" disk.qcow2 o.qcow2 -f qcow2 -o 3145728 -t @IMG@
+expect_eq "-o on qcow2: export size" "$(jq .size t.info)" $((13 << 20))
 serve_unix o "$TMP/o.sock" -f raw -o 1048576 -t plain.raw
 opid=$SERVER_PID
 reads_ok "-o: shifted data" "nbd+unix:///?socket=$TMP/o.sock" 'read -P 0x7a 0 1M' \
