@@ -218,6 +218,10 @@ class ConvertCommand final : public Subcommand {
       }
     }
     const bool dst_export = nbdclient::IsNbdUri(dst_file_);
+    if (!dst_export && !nbdclient::UriScheme(dst_file_).empty()) {
+      // As qemu-img does, "scheme://" names a protocol, never a new file.
+      return Status::InvalidArgument(nbdclient::UnknownProtocolMessage(dst_file_));
+    }
     TD_RETURN_IF_ERROR(dst_export ? CreateOnExport(*src, plan) : CreateImageFile(dst_file_, plan));
 
     Status s = Copy(*src, !plan.backing_file.empty());

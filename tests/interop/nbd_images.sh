@@ -210,6 +210,10 @@ td_fails "unknown protocol 'nbdx'" "unknown scheme" info "nbdx://localhost/x"
 one_line_error "unknown scheme"
 td_fails "unknown protocol" "unknown scheme as a convert source" convert nbdx://h/x never.raw
 assert_absent never.raw "destination of a convert from an unknown scheme"
+td_fails "unknown protocol 'nbdx'" "unknown scheme as a convert destination" \
+  convert -O qcow2 src.qcow2 nbdx://h/x
+one_line_error "unknown scheme as a convert destination"
+[[ ! -e nbdx: ]] || fail "convert to nbdx://h/x made a directory or file"
 
 qemu_nbd_unix qnbd-named "$TMP/named.sock" -t -r -x good -f raw "$TMP/src.raw"
 wait_accepting "nbd+unix:///good?socket=$TMP/named.sock"
