@@ -60,6 +60,17 @@ Result<std::string> ProbeStorage(io::Storage& storage) {
   return std::string("raw");
 }
 
+// The image lock a layer takes (see OpenOptions::locking); depth 0 is the
+// top image.
+io::QemuLockMode LockFor(const OpenOptions& options, bool read_only, size_t depth) {
+  if (!options.locking) return io::QemuLockMode::kNone;
+  if (depth == 0 ? options.caller_locks_top : !options.lock_backing) {
+    return io::QemuLockMode::kNone;
+  }
+  if (!read_only) return io::QemuLockMode::kWrite;
+  return options.force_share ? io::QemuLockMode::kForceShare : io::QemuLockMode::kRead;
+}
+
 std::string LoopMessage(const Chain& chain, const std::string& again) {
   std::string m = "backing file loop: ";
   for (const ChainLink& link : chain) m += link.name + " -> ";
@@ -86,6 +97,7 @@ Result<std::unique_ptr<Device>> OpenImport(std::unique_ptr<io::Storage> storage,
     io::OpenOptions io_options;
     io_options.read_only = true;
     io_options.cache = options.cache;
+    io_options.lock = LockFor(options, /*read_only=*/true, /*depth=*/1);
     TD_ASSIGN_OR_RETURN(extent.storage, options.open_file
                                             ? options.open_file(extent.path, io_options)
                                             : io::OpenFile(extent.path, io_options));
@@ -120,6 +132,7 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
   io::OpenOptions io_options;
   io_options.read_only = read_only;
   io_options.cache = options.cache;
+  io_options.lock = LockFor(options, read_only, chain.size() - 1);
   TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
                       uri                 ? OpenStorage(filename, io_options)
                       : options.open_file ? options.open_file(filename, io_options)
@@ -170,6 +183,10 @@ std::string ResolveBackingName(const std::string& overlay, const std::string& ba
 }
 
 Result<std::unique_ptr<Device>> Open(const std::string& filename, const OpenOptions& options) {
+  if (options.force_share && !options.read_only) {
+    return Status::InvalidArgument(filename +
+                                   ": --force-share (-U) can only be used with read-only opens");
+  }
   return OpenLayer(filename, options.format, options, options.read_only, options.no_backing,
                    Chain{});
 }

@@ -46,6 +46,19 @@ inline constexpr uint32_t kDefaultMaxChainDepth = 16;
 struct OpenOptions {
   std::string format;  // "qcow2", "raw", or "" to probe
   bool read_only = false;
+  // qemu's image locks (io/qemu_lock.h) on every layer, held while the
+  // Device lives: the top image kWrite, or kRead when read-only; backing
+  // files kRead. force_share (qemu-img -U) opens read-only layers with
+  // kForceShare instead (a read-write open with it is refused); locking =
+  // false takes none (the caller holds a lock on the image itself).
+  bool locking = true;
+  bool force_share = false;
+  // With locking: the caller already holds the top image's lock (a
+  // QemuImageLock of its own, for a command that opens the image more than
+  // once), so this open takes none on it; and/or takes none on the backing
+  // files (commit: it holds the layers it reads and writes itself).
+  bool caller_locks_top = false;
+  bool lock_backing = true;
   io::CacheMode cache = io::CacheMode::kWriteback;
   // Do not open the backing file of the top image (info, check, rebase -u).
   bool no_backing = false;

@@ -144,6 +144,9 @@ TEST_F(OpenTest, ResolvesBackingRelativeToOverlayAndOpensItReadOnly) {
   ASSERT_NE(image->backing(), nullptr);
   EXPECT_TRUE(image->backing()->info().read_only);
   EXPECT_FALSE(image->info().read_only);
+  // Closed first: its write lock would refuse the read-only open below.
+  ASSERT_TRUE((*dev)->Close().ok());
+  dev->reset();
   // no_backing leaves the chain unopened: reads fall through to zeros.
   auto bare = Open(Path("sub/top.qcow2"), Opts("", true, true));
   ASSERT_TRUE(bare.has_value()) << bare.error().message();

@@ -16,6 +16,7 @@
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_summary.h"
+#include "io/qemu_lock.h"
 #include "io/storage.h"
 #include "qcow2/header_update.h"
 #include "qcow2/image.h"
@@ -93,7 +94,11 @@ class AmendCommand final : public Subcommand {
                                   "' does not support option amendment");
     }
 
-    // 2. A dirty image (lazy refcounts) is repaired by a read-write open.
+    // 2. Hold qemu's write lock for the whole amend (it reopens the file
+    //    between steps; those opens take no lock of their own). A dirty
+    //    image (lazy refcounts) is repaired by a read-write open.
+    auto lock = io::QemuImageLock::Acquire(filename_, io::QemuLockMode::kWrite);
+    if (!lock && lock.error().code() != Code::kNotSupported) return lock.error();
     io::OpenOptions io_options;
     TD_ASSIGN_OR_RETURN(auto storage, io::OpenFile(filename_, io_options));
     TD_ASSIGN_OR_RETURN(qcow2::HeaderCluster hc, qcow2::ReadHeaderCluster(*storage));

@@ -89,7 +89,7 @@ class CheckCommand final : public Subcommand {
     sub->add_option("--output", output_, "Output format: human or json")
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_flag("-q,--quiet", quiet_, "Print nothing when the image is clean");
-    sub->add_flag("-U,--force-share", force_share_, "Accepted for qemu-img compatibility");
+    sub->add_flag("-U,--force-share", force_share_, "Read even while another process writes the image (ignores its lock)");
     sub->add_option("filename", filename_, "Image file")->required();
     return sub;
   }
@@ -106,8 +106,14 @@ class CheckCommand final : public Subcommand {
     qcow2::RepairMode mode = repair_ == "all"     ? qcow2::RepairMode::kAll
                              : repair_ == "leaks" ? qcow2::RepairMode::kLeaks
                                                   : qcow2::RepairMode::kNone;
+    if (force_share_ && mode != qcow2::RepairMode::kNone) {
+      return Status::InvalidArgument("--force-share (-U) cannot be used with -r: repairs write");
+    }
     io::OpenOptions io_options;
     io_options.read_only = mode == qcow2::RepairMode::kNone;
+    io_options.lock = !io_options.read_only ? io::QemuLockMode::kWrite
+                      : force_share_        ? io::QemuLockMode::kForceShare
+                                            : io::QemuLockMode::kRead;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
                         io::OpenFile(filename_, io_options));
     auto report = qcow2::Check(*storage, mode);

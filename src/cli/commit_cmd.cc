@@ -20,6 +20,7 @@
 #include "cli/chain_ops.h"
 #include "cli/common.h"
 #include "cli/image_summary.h"
+#include "io/qemu_lock.h"
 
 namespace thindisk::cli {
 namespace {
@@ -53,14 +54,28 @@ class CommitCommand final : public Subcommand {
     const ImageSummary& base_summary = chain[base_index];
 
     // 2. Open BASE for writing first, so the read-only view of it inside
-    //    the top's chain sees its header as this handle left it.
+    //    the top's chain sees its header as this handle left it. The locks
+    //    are qemu's for a commit: BASE and the top (unless -d) as writers,
+    //    the layers between them as readers. The top's own chain takes no
+    //    locks: they would clash with the write lock this process holds on
+    //    BASE.
     block::OpenOptions base_options;
     base_options.format = base_summary.format;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> base,
                         block::Open(base_summary.filename, base_options));
+    std::vector<io::QemuImageLock> between;
+    for (size_t i = 1; i < base_index; ++i) {
+      auto lock = io::QemuImageLock::Acquire(chain[i].filename, io::QemuLockMode::kRead);
+      if (lock) {
+        between.push_back(std::move(*lock));
+      } else if (lock.error().code() != Code::kNotSupported) {
+        return lock.error();
+      }
+    }
     block::OpenOptions top_options;
     top_options.format = chain.front().format;
     top_options.read_only = drop_;
+    top_options.lock_backing = false;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> top, block::Open(filename_, top_options));
 
     // 3. List what the layers above BASE store, copy it into BASE, make BASE

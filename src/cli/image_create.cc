@@ -128,6 +128,9 @@ Status ApplyCreateOptions(CreatePlan& plan, const std::vector<std::string>& opti
 Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
   io::OpenOptions io_options;
   io_options.create = true;
+  // Before the truncation below: an image another process uses is refused
+  // and left as it is (qemu-img create locks first, too).
+  io_options.lock = io::QemuLockMode::kWrite;
   TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, io::OpenFile(filename, io_options));
   std::string warning;
   Status s = storage->Resize(0);  // qemu-img create overwrites an existing file

@@ -35,10 +35,11 @@ Result<std::vector<qcow2::Snapshot>> ReadSnapshots(io::Storage& storage, const q
 
 // vmdk and vpc have no header decoder of their own here: their drivers
 // read them (read-only, as always).
-Result<ImageSummary> ReadImportSummary(ImageSummary s) {
+Result<ImageSummary> ReadImportSummary(ImageSummary s, bool force_share) {
   block::OpenOptions options;
   options.format = s.format;
   options.read_only = true;
+  options.force_share = force_share;
   TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> dev, block::Open(s.filename, options));
   s.virtual_size = dev->size();
   s.cluster_size = dev->info().cluster_size;
@@ -60,19 +61,24 @@ Result<qcow2::Header> ReadQcow2Header(io::Storage& storage) {
   return qcow2::DecodeHeader(bytes, file_size);
 }
 
-Result<ImageSummary> ReadImageSummary(const std::string& filename, const std::string& format) {
+Result<ImageSummary> ReadImageSummary(const std::string& filename, const std::string& format,
+                                      bool force_share) {
   ImageSummary s;
   s.filename = filename;
   s.format = format;
   if (s.format.empty()) {
     TD_ASSIGN_OR_RETURN(s.format, block::ProbeFormat(filename));
   }
-  if (s.format == "vmdk" || s.format == "vpc") return ReadImportSummary(std::move(s));
+  if (s.format == "vmdk" || s.format == "vpc") {
+    return ReadImportSummary(std::move(s), force_share);
+  }
   if (s.format != "raw" && s.format != "qcow2") {
     return Status::NotSupported(filename + ": unknown or unsupported format '" + s.format + "'");
   }
   io::OpenOptions io_options;
   io_options.read_only = true;
+  // A reader, as qemu-img info is: refused beside a writer unless -U.
+  io_options.lock = force_share ? io::QemuLockMode::kForceShare : io::QemuLockMode::kRead;
   TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
                       block::OpenStorage(filename, io_options));
   TD_ASSIGN_OR_RETURN(s.actual_size, storage->AllocatedBytes());
@@ -95,7 +101,7 @@ Result<ImageSummary> ReadImageSummary(const std::string& filename, const std::st
 }
 
 Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
-                                                   const std::string& format) {
+                                                   const std::string& format, bool force_share) {
   std::vector<ImageSummary> chain;
   std::set<std::pair<dev_t, ino_t>> seen;
   std::set<std::string> seen_uris;
@@ -115,7 +121,7 @@ Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
       return Status::InvalidArgument("backing chain too deep (> " +
                                      std::to_string(block::kDefaultMaxChainDepth) + ")");
     }
-    TD_ASSIGN_OR_RETURN(ImageSummary s, ReadImageSummary(name, fmt));
+    TD_ASSIGN_OR_RETURN(ImageSummary s, ReadImageSummary(name, fmt, force_share));
     std::string next = s.full_backing_filename;
     std::string next_format = s.header ? s.header->backing_format : "";
     chain.push_back(std::move(s));

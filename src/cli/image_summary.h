@@ -36,12 +36,16 @@ struct ImageSummary {
 // Decodes the qcow2 header at the start of `storage`.
 Result<qcow2::Header> ReadQcow2Header(io::Storage& storage);
 
-// Summarizes `filename`; `format` "" probes (qcow2 magic or raw).
-Result<ImageSummary> ReadImageSummary(const std::string& filename, const std::string& format);
+// Summarizes `filename`; `format` "" probes (qcow2 magic or raw). Reads
+// under qemu's read lock (io/qemu_lock.h: refused while a writer holds the
+// image), or with force_share (-U) under kForceShare.
+Result<ImageSummary> ReadImageSummary(const std::string& filename, const std::string& format,
+                                      bool force_share = false);
 
 // The summaries of `filename` and every backing file below it, top first.
 // Refuses loops and chains deeper than block::kDefaultMaxChainDepth.
 Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
-                                                   const std::string& format);
+                                                   const std::string& format,
+                                                   bool force_share = false);
 
 }  // namespace thindisk::cli

@@ -244,6 +244,8 @@ class IoCommand final : public Subcommand {
     sub->add_option("-f,--format", format_, "Image format (default: probe)");
     sub->add_option("-c,--cmd", commands_, "Command to run")->required()->allow_extra_args(false);
     sub->add_flag("-r,--read-only", read_only_, "Open the image read-only");
+    sub->add_flag("-U,--force-share", force_share_,
+                  "With -r: read even while another process writes the image (ignores its lock)");
     sub->add_option("filename", filename_, "Image file")->required();
     return sub;
   }
@@ -258,6 +260,7 @@ class IoCommand final : public Subcommand {
     block::OpenOptions options;
     options.format = format_;
     options.read_only = read_only_;
+    options.force_share = force_share_;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> dev, block::Open(filename_, options));
     bool all_ok = true;
     for (const IoRequest& r : requests) {
@@ -272,6 +275,7 @@ class IoCommand final : public Subcommand {
   std::string format_;
   std::vector<std::string> commands_;
   bool read_only_ = false;
+  bool force_share_ = false;
   std::string filename_;
 };
 

@@ -36,7 +36,7 @@ class MeasureCommand final : public Subcommand {
     sub->add_option("--size", size_text_, "Measure a new image of this size instead of a file");
     sub->add_option("--output", output_, "Output format: human or json")
         ->check(CLI::IsMember({"human", "json"}));
-    sub->add_flag("-U,--force-share", force_share_, "Accepted for qemu-img compatibility");
+    sub->add_flag("-U,--force-share", force_share_, "Read even while another process writes the image (ignores its lock)");
     sub->add_option("filename", filename_, "Source image");
     return sub;
   }
@@ -56,6 +56,7 @@ class MeasureCommand final : public Subcommand {
       block::OpenOptions options;
       options.format = src_format_;
       options.read_only = true;
+      options.force_share = force_share_;
       TD_ASSIGN_OR_RETURN(src, block::Open(filename_, options));
       size = src->size();
     } else {

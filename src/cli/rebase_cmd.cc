@@ -16,6 +16,7 @@
 #include "cli/chain_ops.h"
 #include "cli/common.h"
 #include "cli/image_summary.h"
+#include "io/qemu_lock.h"
 #include "io/storage.h"
 #include "qcow2/header_update.h"
 #include "qcow2/image.h"
@@ -42,7 +43,13 @@ class RebaseCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
-    TD_ASSIGN_OR_RETURN(ImageSummary image, ReadImageSummary(filename_, format_));
+    // qemu's write lock on the image for the whole rebase: it is opened
+    // more than once below, and those opens take none on it (the summary's
+    // brief read shares, as a -U read would, with the lock we hold).
+    auto lock = io::QemuImageLock::Acquire(filename_, io::QemuLockMode::kWrite);
+    if (!lock && lock.error().code() != Code::kNotSupported) return lock.error();
+    TD_ASSIGN_OR_RETURN(ImageSummary image,
+                        ReadImageSummary(filename_, format_, /*force_share=*/true));
     if (image.format != "qcow2") {
       return Status::NotSupported(filename_ + ": format '" + image.format +
                                   "' has no backing file to change");
@@ -86,6 +93,7 @@ class RebaseCommand final : public Subcommand {
     }
     block::OpenOptions top_options;
     top_options.format = "qcow2";
+    top_options.caller_locks_top = true;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> top, block::Open(filename_, top_options));
     auto* image = dynamic_cast<qcow2::Image*>(top.get());
     if (image == nullptr) return Status::Internal("qcow2 image did not open as qcow2");

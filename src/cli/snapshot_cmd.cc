@@ -48,6 +48,10 @@ class SnapshotCommand final : public Subcommand {
       return Status::InvalidArgument(
           "snapshot: give one of -c NAME, -l, -a NAME, -d NAME");
     }
+    if (write && force_share_) {
+      return Status::InvalidArgument(
+          "--force-share (-U) only lists snapshots; -c, -a and -d change the image");
+    }
     std::string format = format_;
     if (format.empty()) {
       TD_ASSIGN_OR_RETURN(format, block::ProbeFormat(filename_));
@@ -69,6 +73,10 @@ class SnapshotCommand final : public Subcommand {
     }
     io::OpenOptions io_options;
     io_options.read_only = !write;
+    // Listing reads like qemu-img snapshot -l: under the read lock, or -U.
+    if (!write) {
+      io_options.lock = force_share_ ? io::QemuLockMode::kForceShare : io::QemuLockMode::kRead;
+    }
     TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
                         io::OpenFile(filename_, io_options));
     qcow2::OpenOptions options;
