@@ -44,15 +44,17 @@ Result<std::unique_ptr<block::Device>> OpenTempOverlay(const std::string& file,
   const std::string format = image->info().format;
   TD_RETURN_IF_ERROR(image->Close());
   image.reset();
+  // The overlay names its backing file absolutely (it lives in $TMPDIR);
+  // a name realpath cannot resolve (an NBD URI) is used as given.
   char resolved[PATH_MAX];
-  if (::realpath(file.c_str(), resolved) == nullptr) return Status::FromErrno(errno, file);
+  const std::string backing = ::realpath(file.c_str(), resolved) ? resolved : file;
 
   // 2. The overlay file; from here on every way out unlinks it.
   std::string path;
   TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, MakeTempFile(&path));
   qcow2::CreateOptions create;
   create.size = size;
-  create.backing_file = resolved;
+  create.backing_file = backing;
   create.backing_format = format;
   Status made = qcow2::Create(*storage, create);
   if (made.ok()) made = storage->Flush();
