@@ -98,6 +98,10 @@ class ServeCommand final : public Subcommand {
     sub->add_option("-e,--shared,--max-connections", max_connections_,
                     "Clients served at once; others wait (default 64, which bounds memory; "
                     "qemu-nbd's default is 1; 0: no limit)");
+    sub->add_option("--handshake-timeout", handshake_timeout_,
+                    "Drop a client that has not finished the NBD handshake within SECONDS "
+                    "(default 10; 0: never; at most a day)")
+        ->check(CLI::Range(0.0, 86400.0));
     sub->add_flag("-t,--persistent", persistent_,
                   "Keep serving after the last client leaves (always so unless --once)");
     sub->add_flag("--once", once_, "Exit after the first client disconnects (qemu-nbd without -t)");
@@ -391,6 +395,7 @@ class ServeCommand final : public Subcommand {
     // kernel serializes writers of one file) and do without a hand-off.
     so.inline_cached_writes = cached_writes;
     so.max_connections = max_connections_;
+    so.handshake_timeout = std::chrono::milliseconds(int64_t(handshake_timeout_ * 1000));
     if (!quiet_) so.log = [](const std::string& line) { PrintWarning(line); };
     bool wrote_pid = false;
     Status pid_status;
@@ -446,6 +451,7 @@ class ServeCommand final : public Subcommand {
   bool fork_ = false;
   bool read_only_ = false;
   size_t max_connections_ = 64;  // docs/serve-limits.md: the memory bound
+  double handshake_timeout_ = 10;  // seconds (--handshake-timeout)
   bool persistent_ = false;      // the default anyway
   bool once_ = false;
   size_t threads_ = 0;
