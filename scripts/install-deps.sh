@@ -16,6 +16,9 @@ PACKAGES=(
   qemu-utils libnbd-bin fio nbdkit jq
   # bench/compare and a test script compute with it
   python3
+  # tests/install: man pages read with man and groff; the installed unit run by
+  # systemd-socket-activate and checked by systemd-analyze (no systemd as PID 1 needed)
+  man-db groff-base systemd
 )
 
 SUDO=()
