@@ -189,6 +189,8 @@ CONVERT_PID=$!
 set -e
 sleep 0.5
 kill -KILL "$SERVER_PID"
+wait "$SERVER_PID" 2>/dev/null || true
+forget_server "$SERVER_PID"
 set +e
 wait "$CONVERT_PID"
 VRC=$?
