@@ -10,7 +10,8 @@
 #   3. convert onto an export (nbdkit memory): qcow2 read back with nbdcopy
 #      passes qemu-img check/compare; raw zeroes old bytes without data.
 #   4. a qcow2 clone over an NBD base (qemu-nbd -r) read and written by
-#      qemu-io and thindisk io.
+#      qemu-io and thindisk io, and served by thindisk serve (concurrent
+#      reads of the base).
 #   5. failures: a server that vanishes mid-convert, a too-small export,
 #      malformed URIs, an unknown scheme, a refused export name, a server
 #      that answers garbage, a read-only export: one line on stderr, exit 1,
@@ -174,6 +175,16 @@ io_ok qemu-io clone.qcow2 "read -P 0x55 40M 4k" "read -P 0xcd 40964k 1020k" "rea
 qemu_check clone.qcow2
 td info --backing-chain clone.qcow2
 grep -qF "$(uri base.sock)" "$OUT" || fail "info --backing-chain does not show the NBD base"
+# thindisk serve of the clone: nbdcopy's parallel requests make the server's
+# workers read the NBD base concurrently; the bytes match qemu-img's reading.
+ok "$QEMU_IMG" convert -f qcow2 -O raw clone.qcow2 clone-ref.raw
+serve_unix td-clone "$TMP/clone.sock" -r -f qcow2 clone.qcow2
+wait_accepting "$(uri clone.sock)"
+ok nbdcopy --requests=16 "$(uri clone.sock)" clone-copy.raw
+assert_same_bytes clone-ref.raw clone-copy.raw "the clone served by thindisk over its NBD base"
+kill -TERM "$SERVER_PID"
+wait "$SERVER_PID" 2>/dev/null || true
+forget_server "$SERVER_PID"
 # The base is read-only: thindisk io says so, naming the export.
 td_fails "read-only" "write to a read-only export" io -c "write 0 4k" "$(uri base.sock)"
 grep -qF "$(uri base.sock)" "$ERR" || fail "read-only error does not name the URI: $(cat "$ERR")"
