@@ -41,21 +41,10 @@ trap 'rm -rf "$WORK"' EXIT
 # page names their pages, a subcommand page names the main one).
 render() {
   awk -v page="$1" -v cmd="$2" -v subs="$3" -v version="$VERSION" -v date="$DATE" '
-    # Troff-safe text: backslashes escaped, option dashes (a "-" at the start
-    # of a word) as \- so they render and copy as ASCII minus signs.
-    function esc(s,    out, i, c, prev) {
-      gsub(/\\/, "\\e", s)
-      out = ""; prev = " "
-      for (i = 1; i <= length(s); i++) {
-        c = substr(s, i, 1)
-        if (c == "-" && index(" \t([{|,=\"`-", prev) > 0) out = out "\\-"
-        else out = out c
-        prev = c
-      }
-      return out
-    }
-    # An option name (or subcommand name): every dash is a minus sign.
-    function escopt(s,    out, i, c) {
+    # Troff-safe text: backslashes escaped, and every dash as \- so that it
+    # renders and copies as an ASCII "-" and a line never breaks after one
+    # (a flag or a name like qemu-nbd stays whole; .nh stops hyphenation).
+    function esc(s,    out, i, c) {
       gsub(/\\/, "\\e", s)
       out = ""
       for (i = 1; i <= length(s); i++) { c = substr(s, i, 1); out = out (c == "-" ? "\\-" : c) }
@@ -149,7 +138,7 @@ render() {
           if (h[k] == "Options:") {
             m = split(first, flags, ",")
             tag = ""
-            for (f = 1; f <= m; f++) tag = tag (f > 1 ? ", " : "") "\\fB" escopt(flags[f]) "\\fR"
+            for (f = 1; f <= m; f++) tag = tag (f > 1 ? ", " : "") "\\fB" esc(flags[f]) "\\fR"
           } else if (h[k] == "Positionals:") {
             tag = "\\fI" esc(first) "\\fR"
           } else {
