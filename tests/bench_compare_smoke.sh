@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # smoke.bench_compare: bench/compare runs end to end at a tiny size (every
 # target, every workload, one run) and prints a complete table: the header,
-# a figure in every column of every row that exists today, the W6 rows, and
+# a figure in every column of every row that exists today, the W6 rows, the
+# N1 row (convert off an NBD export), and
 # a `targets: N PASS, M MISS` line that counts the checks the rows list.
 # It never asks for PASS: figures from a run this small are noise.
 #
@@ -11,14 +12,14 @@
 source "$(dirname "$0")/lib/common.sh"
 BENCH_SCRIPTS=$(realpath "${BENCH_SCRIPTS:-$(dirname "$0")/../bench}")
 require_thindisk
-require_tool fio qemu-img qemu-nbd nbdkit jq python3 numfmt
+require_tool fio qemu-img qemu-nbd nbdkit nbdcopy jq python3 numfmt
 fio --enghelp=nbd >/dev/null 2>&1 || skip_or_fail "fio was built without its nbd engine"
 enter_temp_dir td-bench
 
 log "bench/compare, one run at SIZE=8M"
 # The knobs of its header (the settings: line echoes them), and the page
 # cache left alone (dropping it needs root and slows everyone's machine).
-settings=(RUNS=1 SIZE=8M VSIZE=64M OPS=128 RUNTIME=10 W6_SIZE=2M)
+settings=(RUNS=1 SIZE=8M VSIZE=64M OPS=128 RUNTIME=10 W6_SIZE=2M N1_SIZE=8M)
 rc=0
 env -u KEEP -u REPORT -u RESULTS_OUT "${settings[@]}" W8_OPS=16 DROP_CACHES=0 THINDISK="$TD" BENCH_DIR="$TMP" \
   bash "$BENCH_SCRIPTS/compare" >compare.out 2>compare.err || rc=$?
@@ -141,7 +142,19 @@ for inp in ("corpus", "random"):
         need(ct != "zstd" or re.search(r"\b(PASS|MISS)\b", found[0]),
              f"W6 row '{title.strip()}' lists no target")
 
-# 4. The verdict line counts every check listed above it (each says PASS or
+# 4. N1: td, qemu-img and nbdcopy MB/s, td's allocation per virtual byte
+#    (about 0.5 of a half-sparse input), and two targets.
+found = [l for l in lines[w6:] if l.startswith("  -> qcow2 (nbdcopy: raw) ")]
+if len(found) != 1 or first("N1 convert off NBD") is None:
+    errors.append(f"N1: a header and one row expected, got {len(found)} rows")
+else:
+    toks = found[0][len("  -> qcow2 (nbdcopy: raw) "):].split()
+    need(len(toks) >= 4 and all(is_num(t) for t in toks[:4]), f"N1 row: {toks[:4]}")
+    need(len(toks) >= 4 and is_num(toks[3]) and 0.3 < float(toks[3]) < 0.8,
+         f"N1: thindisk's destination is not about half allocated: {toks[3:4]}")
+    need(len(re.findall(r"\b(PASS|MISS)\b", found[0])) == 2, "N1 row lists no two targets")
+
+# 5. The verdict line counts every check listed above it (each says PASS or
 #    MISS once); each MISS is named after it.
 totals = [n for n, l in enumerate(lines) if re.fullmatch(r"targets: \d+ PASS, \d+ MISS", l)]
 if len(totals) != 1:
