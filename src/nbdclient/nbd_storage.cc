@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <shared_mutex>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -94,6 +95,12 @@ class NbdStorage final : public io::Storage {
     can_flush_ = nbd_can_flush(h_) == 1;
     can_zero_ = nbd_can_zero(h_) == 1;
     have_allocation_ = nbd_can_meta_context(h_, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+    int64_t min_block = nbd_get_block_size(h_, LIBNBD_SIZE_MINIMUM);
+    min_block_ = min_block > 1 ? uint64_t(min_block) : 1;
+    if (min_block_ > (64u << 10) || (min_block_ & (min_block_ - 1)) != 0) {
+      return Status::NotSupported(uri_ + ": the server's minimum block size " +
+                                  std::to_string(min_block_) + " is not supported");
+    }
     int64_t max_block = nbd_get_block_size(h_, LIBNBD_SIZE_MAXIMUM);
     max_request_ = max_block > 0 ? std::min<uint64_t>(uint64_t(max_block), 64ull << 20)
                                  : kDefaultMaxRequest;
@@ -106,38 +113,38 @@ class NbdStorage final : public io::Storage {
   }
 
   Status ReadAt(uint64_t offset, std::span<uint8_t> buf) override {
-    // Past the end reads as zeros (the Storage contract's sparse tail).
-    const uint64_t in = offset >= size_ ? 0 : std::min<uint64_t>(buf.size(), size_ - offset);
-    std::fill(buf.begin() + ptrdiff_t(in), buf.end(), uint8_t{0});
-    std::vector<std::shared_ptr<Request>> issued;
-    Status s;
-    for (uint64_t pos = 0; pos < in && s.ok(); pos += max_request_) {
-      const uint64_t n = std::min(max_request_, in - pos);
-      auto r = Issue([&](nbd_completion_callback cb, Request*) {
-        return nbd_aio_pread(h_, buf.data() + pos, n, offset + pos, cb, 0);
-      });
-      if (r.has_value()) issued.push_back(std::move(r).value());
-      else s = r.error();
-    }
-    Status w = WaitAll(issued, "read", offset, in);
-    return s.ok() ? w : s;
+    if (Aligned(offset, buf.size())) return ReadBlocks(offset, buf);
+    // A server with a minimum block size refuses smaller requests: read the
+    // whole blocks around the range.
+    const uint64_t start = AlignDown(offset), end = AlignUp(offset + buf.size());
+    std::vector<uint8_t> bounce(end - start);
+    TD_RETURN_IF_ERROR(ReadBlocks(start, bounce));
+    std::copy_n(bounce.begin() + ptrdiff_t(offset - start), buf.size(), buf.begin());
+    return Status::Ok();
   }
 
   Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) override {
     TD_RETURN_IF_ERROR(CheckWritable(offset, buf.size(), "write"));
-    std::vector<std::shared_ptr<Request>> issued;
-    Status s;
-    for (uint64_t pos = 0; pos < buf.size() && s.ok(); pos += max_request_) {
-      const uint64_t n = std::min<uint64_t>(max_request_, buf.size() - pos);
-      auto r = Issue([&](nbd_completion_callback cb, Request*) {
-        return nbd_aio_pwrite(h_, buf.data() + pos, n, offset + pos, cb, 0);
-      });
-      if (r.has_value()) issued.push_back(std::move(r).value());
-      else s = r.error();
+    if (Aligned(offset, buf.size())) {
+      std::shared_lock<std::shared_mutex> lock(rmw_mu_);
+      TD_RETURN_IF_ERROR(WriteBlocks(offset, buf));
+    } else {
+      // Read-modify-write of the partial head and tail blocks, exclusive
+      // of every other write, so no neighbour's bytes in those blocks are
+      // overwritten with stale ones.
+      std::unique_lock<std::shared_mutex> lock(rmw_mu_);
+      const uint64_t start = AlignDown(offset), end = AlignUp(offset + buf.size());
+      std::vector<uint8_t> bounce(end - start);
+      const std::span<uint8_t> all(bounce);
+      TD_RETURN_IF_ERROR(ReadBlocks(start, all.first(min_block_)));
+      if (end - min_block_ > start) {
+        TD_RETURN_IF_ERROR(ReadBlocks(end - min_block_, all.last(min_block_)));
+      }
+      std::copy(buf.begin(), buf.end(), bounce.begin() + ptrdiff_t(offset - start));
+      TD_RETURN_IF_ERROR(WriteBlocks(start, bounce));
     }
-    Status w = WaitAll(issued, "write", offset, buf.size());
-    if (s.ok() && w.ok()) bytes_written_ += buf.size();
-    return s.ok() ? w : s;
+    bytes_written_ += buf.size();
+    return Status::Ok();
   }
 
   Status Flush() override {
@@ -179,6 +186,47 @@ class NbdStorage final : public io::Storage {
   const std::string& name() const override { return uri_; }
 
  private:
+  bool Aligned(uint64_t offset, uint64_t length) const {
+    return offset % min_block_ == 0 && length % min_block_ == 0;
+  }
+  uint64_t AlignDown(uint64_t v) const { return v - v % min_block_; }
+  uint64_t AlignUp(uint64_t v) const { return AlignDown(v + min_block_ - 1); }
+
+  // READ of whole blocks (any range when the server has no minimum).
+  Status ReadBlocks(uint64_t offset, std::span<uint8_t> buf) {
+    // Past the end reads as zeros (the Storage contract's sparse tail).
+    const uint64_t in = offset >= size_ ? 0 : std::min<uint64_t>(buf.size(), size_ - offset);
+    std::fill(buf.begin() + ptrdiff_t(in), buf.end(), uint8_t{0});
+    std::vector<std::shared_ptr<Request>> issued;
+    Status s;
+    for (uint64_t pos = 0; pos < in && s.ok(); pos += max_request_) {
+      const uint64_t n = std::min(max_request_, in - pos);
+      auto r = Issue([&](nbd_completion_callback cb, Request*) {
+        return nbd_aio_pread(h_, buf.data() + pos, n, offset + pos, cb, 0);
+      });
+      if (r.has_value()) issued.push_back(std::move(r).value());
+      else s = r.error();
+    }
+    Status w = WaitAll(issued, "read", offset, in);
+    return s.ok() ? w : s;
+  }
+
+  // WRITE of whole blocks. REQUIRES: CheckWritable passed, rmw_mu_ held.
+  Status WriteBlocks(uint64_t offset, std::span<const uint8_t> buf) {
+    std::vector<std::shared_ptr<Request>> issued;
+    Status s;
+    for (uint64_t pos = 0; pos < buf.size() && s.ok(); pos += max_request_) {
+      const uint64_t n = std::min<uint64_t>(max_request_, buf.size() - pos);
+      auto r = Issue([&](nbd_completion_callback cb, Request*) {
+        return nbd_aio_pwrite(h_, buf.data() + pos, n, offset + pos, cb, 0);
+      });
+      if (r.has_value()) issued.push_back(std::move(r).value());
+      else s = r.error();
+    }
+    Status w = WaitAll(issued, "write", offset, buf.size());
+    return s.ok() ? w : s;
+  }
+
   // The completion callback's user data: keeps the Request alive until
   // libnbd is done with it (its free function runs last, even when issuing
   // failed), so a waiter that gave up on a dead connection leaves nothing
@@ -271,6 +319,17 @@ class NbdStorage final : public io::Storage {
     if (offset >= size_) return Status::Ok();
     length = std::min(length, size_ - offset);
     TD_RETURN_IF_ERROR(CheckWritable(offset, length, "zero"));
+    if (!Aligned(offset, length)) {
+      // Partial blocks at either end are zero-filled writes (which
+      // read-modify-write them); whole blocks between go to the server.
+      const uint64_t end = offset + length;
+      const uint64_t a = std::min(AlignUp(offset), end), b = std::max(AlignDown(end), a);
+      std::vector<uint8_t> zeros(min_block_, 0);
+      if (a > offset) TD_RETURN_IF_ERROR(WriteAt(offset, std::span(zeros).first(a - offset)));
+      if (end > b) TD_RETURN_IF_ERROR(WriteAt(b, std::span(zeros).first(end - b)));
+      bytes_written_ -= (a - offset) + (end - b);  // counted by ZeroRange, if at all
+      return b > a ? Zero(a, b - a, keep_allocated) : Status::Ok();
+    }
     if (!can_zero_) {
       std::vector<uint8_t> zeros(std::min(length, kZeroBufferBytes));
       for (uint64_t pos = 0; pos < length; pos += zeros.size()) {
@@ -281,6 +340,7 @@ class NbdStorage final : public io::Storage {
       return Status::Ok();
     }
     const uint32_t flags = keep_allocated ? LIBNBD_CMD_FLAG_NO_HOLE : 0;
+    std::shared_lock<std::shared_mutex> lock(rmw_mu_);
     std::vector<std::shared_ptr<Request>> issued;
     Status s;
     for (uint64_t pos = 0; pos < length && s.ok(); pos += kMaxRangeRequest) {
@@ -301,30 +361,40 @@ class NbdStorage final : public io::Storage {
     if (offset >= size_) return size_;
     if (!have_allocation_) return want_hole ? size_ : offset;
     while (offset < size_) {
-      const uint64_t n = std::min(kMaxRangeRequest, size_ - offset);
+      // Queries start on a block boundary; extents before `offset` are
+      // skipped below.
+      const uint64_t query = AlignDown(offset);
+      const uint64_t n = std::min(kMaxRangeRequest, size_ - query);
       // The extent callback writes into the Request, which the completion's
       // Holder keeps alive until after both callbacks are done.
       TD_ASSIGN_OR_RETURN(auto r, Issue([&](nbd_completion_callback cb, Request* req) {
                             nbd_extent_callback ext{&OnExtents, req, nullptr};
-                            return nbd_aio_block_status(h_, n, offset, ext, cb, 0);
+                            return nbd_aio_block_status(h_, n, query, ext, cb, 0);
                           }));
       std::vector<std::shared_ptr<Request>> one{r};
       TD_RETURN_IF_ERROR(WaitAll(one, "block status", offset, n));
       // Only the issuing thread reads the extents, after the completion.
-      if (r->extents.empty() || r->extents_from != offset) {
+      if (r->extents.empty() || r->extents_from != query) {
         return Status(Code::kIoError, uri_ + ": the server sent no base:allocation extents at offset " +
                                           std::to_string(offset));
       }
+      uint64_t pos = query;
       for (const auto& [length, flags] : r->extents) {
         if (length == 0) {
           return Status(Code::kIoError, uri_ + ": the server sent an empty extent at offset " +
                                             std::to_string(offset));
         }
         const bool hole = (flags & LIBNBD_STATE_HOLE) != 0;
-        if (hole == want_hole) return offset;
-        offset += length;
-        if (offset >= size_) break;
+        const uint64_t extent_end = pos + length;
+        if (extent_end > offset && hole == want_hole) return std::min(std::max(pos, offset), size_);
+        pos = extent_end;
+        if (pos >= size_) break;
       }
+      if (pos <= offset) {
+        return Status(Code::kIoError, uri_ + ": the server's block status made no progress at " +
+                                          "offset " + std::to_string(offset));
+      }
+      offset = pos;
     }
     return size_;
   }
@@ -392,12 +462,17 @@ class NbdStorage final : public io::Storage {
   // Fixed once connected.
   uint64_t size_ = 0;
   uint64_t max_request_ = kDefaultMaxRequest;
+  uint64_t min_block_ = 1;  // the server's minimum block size (a power of 2)
   bool can_flush_ = false;
   bool can_zero_ = false;
   bool have_allocation_ = false;
   int wake_fd_ = -1;
   std::thread loop_;
   std::atomic<uint64_t> bytes_written_{0};
+
+  // Writes of whole blocks share it; a read-modify-write of partial blocks
+  // holds it alone.
+  std::shared_mutex rmw_mu_;
 
   std::mutex mu_;
   std::condition_variable cv_;

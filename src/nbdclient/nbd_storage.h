@@ -23,6 +23,11 @@
 //    Allocate is kNotSupported; AllocatedBytes is 0 (unknown).
 //  - Read-only exports (or read_only opens): writes are kReadOnly naming the
 //    URI.
+//  - A server's minimum block size (NBD_INFO_BLOCK_SIZE; up to 64 KiB) is
+//    met here: smaller or unaligned reads read the whole blocks around
+//    them, and such writes and zeroes read-modify-write their partial
+//    blocks while no other write runs (the qcow2 engine writes 8-byte
+//    table entries).
 //
 // Concurrency: one connection per storage. Calls from any number of threads
 // issue nbd_aio_* commands on the handle (libnbd makes each call atomic)

@@ -151,6 +151,17 @@ ok nbdcopy "$(uri dst.sock)" dst-copy.qcow2
 qemu_check dst-copy.qcow2
 ok "$QEMU_IMG" compare -f qcow2 -F qcow2 src.qcow2 dst-copy.qcow2
 ok "$QEMU_IMG" compare -F qcow2 src.qcow2 "$(uri dst.sock)"
+# A server that refuses requests under 4 KiB: the engine's small metadata
+# writes (L1/L2/refcount entries) are read-modify-written in whole blocks.
+nbdkit_unix kit-dst-4k dst-4k.sock --filter=blocksize-policy memory 128M \
+  blocksize-minimum=4096 blocksize-preferred=4096 blocksize-error-policy=error
+td convert -O qcow2 src.qcow2 "$(uri dst-4k.sock)"
+io_ok thindisk "$(uri dst-4k.sock)" "write -P 0x3c 1000 10" "read -P 0x3c 1000 10"
+ok nbdcopy "$(uri dst-4k.sock)" dst-4k-copy.qcow2
+qemu_check dst-4k-copy.qcow2
+cp src.raw src-3c.raw
+io_ok qemu-io-raw src-3c.raw "write -P 0x3c 1000 10"
+ok "$QEMU_IMG" compare -f raw -F qcow2 src-3c.raw dst-4k-copy.qcow2
 nbdkit_unix kit-dst-raw dst-raw.sock memory $SIZE
 io_ok qemu-io-raw "$(uri dst-raw.sock)" "write -P 0xee 0 64M"
 td convert -O raw src.qcow2 "$(uri dst-raw.sock)"
