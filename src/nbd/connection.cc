@@ -164,9 +164,13 @@ Status Connection::Negotiate() {
     if (step.next == Negotiator::Next::kTransmission && enter_transmission_ &&
         !enter_transmission_())
       return Status::Busy("dropped before transmission");
-    if (!step.reply.empty()) TD_RETURN_IF_ERROR(WriteAll(out_fd_, step.reply));
+    Status wrote = step.reply.empty() ? Status::Ok() : WriteAll(out_fd_, step.reply);
+    // After NBD_OPT_ABORT a client need not wait for the ack (proto.md):
+    // one that hung up already (libnbd's nbdinfo --list does) ended the
+    // session as it meant to, which is no error to log.
     if (step.next == Negotiator::Next::kClose)
       return Status::NotFound("client ended negotiation");
+    TD_RETURN_IF_ERROR(wrote);
     if (step.next == Negotiator::Next::kTransmission) break;
   }
   // 3. Fix what transmission needs.
