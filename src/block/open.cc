@@ -208,4 +208,14 @@ Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
   return file;
 }
 
+Result<std::optional<io::QemuImageLock>> LockImage(const std::string& name,
+                                                   io::QemuLockMode mode) {
+  if (nbdclient::IsNbdUri(name)) return std::optional<io::QemuImageLock>();
+  auto lock = io::QemuImageLock::Acquire(name, mode);
+  if (lock) return std::optional<io::QemuImageLock>(std::move(*lock));
+  if (lock.error().code() == Code::kNotSupported) return std::optional<io::QemuImageLock>();
+  if (lock.error().error_number() == ENOENT) return MissingImage(ENOENT, name);
+  return lock.error();
+}
+
 }  // namespace thindisk::block

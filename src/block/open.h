@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "block/device.h"
@@ -91,6 +92,13 @@ Result<std::string> ProbeFormat(const std::string& filename);
 // as an unknown protocol.
 Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
                                                  const io::OpenOptions& options);
+
+// qemu's image lock on `name` for a command that opens the image more than
+// once and holds the lock across those opens (io/qemu_lock.h). nullopt for
+// an NBD URI (the server guards its export) and on a filesystem without
+// OFD locks; kBusy when another process uses the image.
+Result<std::optional<io::QemuImageLock>> LockImage(const std::string& name,
+                                                   io::QemuLockMode mode);
 
 // The path a backing name refers to: `backing_name` itself when absolute,
 // an NBD URI, named by an NBD overlay or by an overlay with no directory

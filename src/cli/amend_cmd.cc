@@ -97,14 +97,13 @@ class AmendCommand final : public Subcommand {
     // 2. Hold qemu's write lock for the whole amend (it reopens the file
     //    between steps; those opens take no lock of their own). A dirty
     //    image (lazy refcounts) is repaired by a read-write open.
-    auto lock = io::QemuImageLock::Acquire(filename_, io::QemuLockMode::kWrite);
-    if (!lock && lock.error().code() != Code::kNotSupported) return lock.error();
+    TD_ASSIGN_OR_RETURN(auto lock, block::LockImage(filename_, io::QemuLockMode::kWrite));
     io::OpenOptions io_options;
-    TD_ASSIGN_OR_RETURN(auto storage, io::OpenFile(filename_, io_options));
+    TD_ASSIGN_OR_RETURN(auto storage, block::OpenStorage(filename_, io_options));
     TD_ASSIGN_OR_RETURN(qcow2::HeaderCluster hc, qcow2::ReadHeaderCluster(*storage));
     if (hc.header.incompatible_features & qcow2::kIncompatDirty) {
       TD_RETURN_IF_ERROR(ReopenToRepair(std::move(storage)));
-      TD_ASSIGN_OR_RETURN(storage, io::OpenFile(filename_, io_options));
+      TD_ASSIGN_OR_RETURN(storage, block::OpenStorage(filename_, io_options));
       TD_ASSIGN_OR_RETURN(hc, qcow2::ReadHeaderCluster(*storage));
     }
     const qcow2::Header& cur = hc.header;
@@ -113,7 +112,7 @@ class AmendCommand final : public Subcommand {
     // 3. The steps, each leaving a valid image.
     if (plan.size != cur.size) {
       TD_RETURN_IF_ERROR(Grow(std::move(storage), cur, plan.size));
-      TD_ASSIGN_OR_RETURN(storage, io::OpenFile(filename_, io_options));
+      TD_ASSIGN_OR_RETURN(storage, block::OpenStorage(filename_, io_options));
     }
     if (cur.version < 3 && plan.version == 3) {
       TD_RETURN_IF_ERROR(qcow2::UpdateHeader(*storage, [](qcow2::Header& h) {
@@ -124,7 +123,7 @@ class AmendCommand final : public Subcommand {
     TD_RETURN_IF_ERROR(qcow2::ChangeRefcountWidth(*storage, plan.refcount_bits));
     if (cur.version == 3 && plan.version == 2) {
       TD_RETURN_IF_ERROR(ConvertZeroClusters(std::move(storage), cur));
-      TD_ASSIGN_OR_RETURN(storage, io::OpenFile(filename_, io_options));
+      TD_ASSIGN_OR_RETURN(storage, block::OpenStorage(filename_, io_options));
     }
     TD_RETURN_IF_ERROR(Finish(*storage, plan));
     return Outcome::kSuccess;

@@ -115,7 +115,7 @@ class CheckCommand final : public Subcommand {
                       : force_share_        ? io::QemuLockMode::kForceShare
                                             : io::QemuLockMode::kRead;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
-                        io::OpenFile(filename_, io_options));
+                        block::OpenStorage(filename_, io_options));
     auto report = qcow2::Check(*storage, mode);
     if (!report.has_value()) return report.error().WithContext(filename_);
     // One line per problem on stderr, in both output modes, as qemu-img does.

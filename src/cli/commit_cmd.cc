@@ -15,6 +15,8 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <optional>
+#include <vector>
 
 #include "block/open.h"
 #include "cli/chain_ops.h"
@@ -63,14 +65,10 @@ class CommitCommand final : public Subcommand {
     base_options.format = base_summary.format;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> base,
                         block::Open(base_summary.filename, base_options));
-    std::vector<io::QemuImageLock> between;
+    std::vector<std::optional<io::QemuImageLock>> between;
     for (size_t i = 1; i < base_index; ++i) {
-      auto lock = io::QemuImageLock::Acquire(chain[i].filename, io::QemuLockMode::kRead);
-      if (lock) {
-        between.push_back(std::move(*lock));
-      } else if (lock.error().code() != Code::kNotSupported) {
-        return lock.error();
-      }
+      TD_ASSIGN_OR_RETURN(auto lock, block::LockImage(chain[i].filename, io::QemuLockMode::kRead));
+      between.push_back(std::move(lock));
     }
     block::OpenOptions top_options;
     top_options.format = chain.front().format;

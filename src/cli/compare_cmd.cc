@@ -41,7 +41,7 @@ class CompareCommand final : public Subcommand {
     sub->add_flag("-s,--strict", strict_, "Different sizes or allocation count as different");
     sub->add_flag("-q,--quiet", quiet_, "Print nothing, only set the exit status");
     sub->add_flag("-p,--progress", progress_, "Show progress");
-    sub->add_flag("-U,--force-share", force_share_, "Accepted for qemu-img compatibility");
+    sub->add_flag("-U,--force-share", force_share_, "Read even while another process writes the image (ignores its lock)");
     sub->add_option("image1", file1_, "First image")->required();
     sub->add_option("image2", file2_, "Second image")->required();
     return sub;
@@ -53,6 +53,7 @@ class CompareCommand final : public Subcommand {
     block::OpenOptions o1;
     o1.format = format1_;
     o1.read_only = true;
+    o1.force_share = force_share_;
     block::OpenOptions o2 = o1;
     o2.format = format2_;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> a, block::Open(file1_, o1));

@@ -20,7 +20,6 @@
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_create.h"
-#include "nbdclient/export_file.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/image.h"
 #include "qcow2/measure.h"
@@ -187,7 +186,7 @@ class ConvertCommand final : public Subcommand {
     sub->add_option("-B", backing_, "Backing file of the destination (data the source's "
                                     "backing chain holds is not copied)");
     sub->add_option("-F", backing_format_, "Format of the -B backing file");
-    sub->add_flag("-U,--force-share", force_share_, "Accepted for qemu-img compatibility");
+    sub->add_flag("-U,--force-share", force_share_, "Read the source even while another process writes it (ignores its lock)");
     sub->add_option("source", src_file_, "Source image")->required();
     sub->add_option("destination", dst_file_, "Destination image (created)")->required();
     return sub;
@@ -197,6 +196,7 @@ class ConvertCommand final : public Subcommand {
     block::OpenOptions src_options;
     src_options.format = src_format_;
     src_options.read_only = true;
+    src_options.force_share = force_share_;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> src, block::Open(src_file_, src_options));
     TD_RETURN_IF_ERROR(RefuseSameFile());
     if (compress_ && dst_format_ != "qcow2") {
@@ -222,7 +222,8 @@ class ConvertCommand final : public Subcommand {
       // As qemu-img does, "scheme://" names a protocol, never a new file.
       return Status::InvalidArgument(nbdclient::UnknownProtocolMessage(dst_file_));
     }
-    TD_RETURN_IF_ERROR(dst_export ? CreateOnExport(*src, plan) : CreateImageFile(dst_file_, plan));
+    TD_RETURN_IF_ERROR(dst_export ? CreateOnExport(dst_file_, plan, src.get())
+                                   : CreateImageFile(dst_file_, plan));
 
     Status s = Copy(*src, !plan.backing_file.empty());
     if (!s.ok()) {
@@ -234,48 +235,6 @@ class ConvertCommand final : public Subcommand {
   }
 
  private:
-  // Lays an empty image on the export `dst_file_` so that what the copy
-  // skips (zero extents) reads as zeros there, as on a new file:
-  //  - raw: the export itself is the image; its first plan.size bytes are
-  //    zeroed with write-zeroes (the server may punch them), not written.
-  //  - qcow2: created at the export's start through nbdclient::ExportFile;
-  //    the export must hold what this conversion needs (qcow2::Measure,
-  //    asked only when the fully allocated size would not fit).
-  Status CreateOnExport(block::Device& src, const CreatePlan& plan) {
-    io::OpenOptions io_options;
-    TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> store,
-                        block::OpenStorage(dst_file_, io_options));
-    TD_ASSIGN_OR_RETURN(uint64_t capacity, store->Size());
-    auto too_small = [&](uint64_t needed) {
-      return Status(Code::kNoSpace,
-                    dst_file_ + ": the export is too small (" + std::to_string(capacity) +
-                        " bytes) for the " + plan.format + " image (" + std::to_string(needed) +
-                        " bytes needed)",
-                    ENOSPC);
-    };
-    if (plan.format == "raw") {
-      if (capacity < plan.size) return too_small(plan.size);
-      TD_RETURN_IF_ERROR(store->PunchHole(0, plan.size));
-      return store->Flush();
-    }
-    qcow2::CreateOptions q = plan.qcow2;
-    q.size = plan.size;
-    q.backing_file = plan.backing_file;
-    q.backing_format = plan.backing_format;
-    TD_ASSIGN_OR_RETURN(uint64_t full, qcow2::FullyAllocatedSize(q));
-    if (capacity < full) {
-      TD_ASSIGN_OR_RETURN(qcow2::MeasureResult m, qcow2::Measure(&src, q));
-      if (capacity < m.required) return too_small(m.required);
-    }
-    TD_ASSIGN_OR_RETURN(std::unique_ptr<nbdclient::ExportFile> view,
-                        nbdclient::ExportFile::Make(*store));
-    std::string warning;
-    Status s = qcow2::Create(*view, q, &warning);
-    if (!s.ok()) return s.WithContext(dst_file_);
-    if (!warning.empty()) PrintWarning(warning);
-    return Status::Ok();
-  }
-
   Status RefuseSameFile() const {
     if (nbdclient::IsNbdUri(src_file_) && src_file_ == dst_file_) {
       return Status::InvalidArgument("source and destination are the same export: " + dst_file_);

@@ -2,7 +2,11 @@
 
 #include <unistd.h>
 
+#include "block/open.h"
 #include "cli/common.h"
+#include "nbdclient/export_file.h"
+#include "nbdclient/nbd_uri.h"
+#include "qcow2/measure.h"
 
 namespace thindisk::cli {
 namespace {
@@ -126,6 +130,7 @@ Status ApplyCreateOptions(CreatePlan& plan, const std::vector<std::string>& opti
 }
 
 Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
+  if (nbdclient::IsNbdUri(filename)) return CreateOnExport(filename, plan, nullptr);
   io::OpenOptions io_options;
   io_options.create = true;
   // Before the truncation below: an image another process uses is refused
@@ -141,6 +146,42 @@ Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
     ::unlink(filename.c_str());
     return s.WithContext(filename);
   }
+  if (!warning.empty()) PrintWarning(warning);
+  return Status::Ok();
+}
+
+// See image_create.h.
+Status CreateOnExport(const std::string& uri, const CreatePlan& plan, block::Device* src) {
+  io::OpenOptions io_options;
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> store,
+                      block::OpenStorage(uri, io_options));
+  TD_ASSIGN_OR_RETURN(uint64_t capacity, store->Size());
+  auto too_small = [&](uint64_t needed) {
+    return Status(Code::kNoSpace,
+                  uri + ": the export is too small (" + std::to_string(capacity) +
+                      " bytes) for the " + plan.format + " image (" + std::to_string(needed) +
+                      " bytes needed)",
+                  ENOSPC);
+  };
+  if (plan.format == "raw") {
+    if (capacity < plan.size) return too_small(plan.size);
+    TD_RETURN_IF_ERROR(store->PunchHole(0, plan.size));
+    return store->Flush();
+  }
+  qcow2::CreateOptions q = plan.qcow2;
+  q.size = plan.size;
+  q.backing_file = plan.backing_file;
+  q.backing_format = plan.backing_format;
+  TD_ASSIGN_OR_RETURN(uint64_t full, qcow2::FullyAllocatedSize(q));
+  if (capacity < full) {
+    TD_ASSIGN_OR_RETURN(qcow2::MeasureResult m, qcow2::Measure(src, q));
+    if (capacity < m.required) return too_small(m.required);
+  }
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<nbdclient::ExportFile> view,
+                      nbdclient::ExportFile::Make(*store));
+  std::string warning;
+  Status s = qcow2::Create(*view, q, &warning);
+  if (!s.ok()) return s.WithContext(uri);
   if (!warning.empty()) PrintWarning(warning);
   return Status::Ok();
 }

@@ -48,6 +48,17 @@ std::string FormattingLine(const std::string& filename, const CreatePlan& plan);
 // On failure after the file was created, removes it so no half-made image
 // is left. A fallback the host forced (falloc -> zeros) is printed as a
 // warning on stderr.
+// An NBD URI is created with CreateOnExport (src: none).
 Status CreateImageFile(const std::string& filename, const CreatePlan& plan);
+
+// Lays an empty image on the NBD export `uri`, so that what a copy skips
+// (zero extents) reads as zeros there, as on a new file:
+//  - raw: the export itself is the image; its first plan.size bytes are
+//    zeroed with write-zeroes (the server may punch them), not written.
+//  - qcow2: created at the export's start through nbdclient::ExportFile;
+//    the export must hold the image: its fully allocated size, or, with a
+//    source to measure (`src`, may be null), what qcow2::Measure says that
+//    source needs. Errors: kNoSpace naming both sizes.
+Status CreateOnExport(const std::string& uri, const CreatePlan& plan, block::Device* src);
 
 }  // namespace thindisk::cli

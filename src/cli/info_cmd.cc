@@ -147,7 +147,7 @@ class InfoCommand final : public Subcommand {
     sub->add_option("--output", output_, "Output format: human or json")
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_flag("--backing-chain", backing_chain_, "Show every image of the backing chain");
-    sub->add_flag("-U,--force-share", force_share_, "Accepted for qemu-img compatibility");
+    sub->add_flag("-U,--force-share", force_share_, "Read even while another process writes the image (ignores its lock)");
     sub->add_option("filename", filename_, "Image file")->required();
     return sub;
   }
@@ -155,9 +155,9 @@ class InfoCommand final : public Subcommand {
   Result<Outcome> Run() override {
     std::vector<ImageSummary> chain;
     if (backing_chain_) {
-      TD_ASSIGN_OR_RETURN(chain, ReadBackingChain(filename_, format_));
+      TD_ASSIGN_OR_RETURN(chain, ReadBackingChain(filename_, format_, force_share_));
     } else {
-      TD_ASSIGN_OR_RETURN(ImageSummary s, ReadImageSummary(filename_, format_));
+      TD_ASSIGN_OR_RETURN(ImageSummary s, ReadImageSummary(filename_, format_, force_share_));
       chain.push_back(std::move(s));
     }
     if (output_ == "json") {

@@ -98,7 +98,7 @@ class MapCommand final : public Subcommand {
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_option("-s,--start-offset", start_text_, "First guest offset to map");
     sub->add_option("-l,--max-length", length_text_, "Bytes to map");
-    sub->add_flag("-U,--force-share", force_share_, "Accepted for qemu-img compatibility");
+    sub->add_flag("-U,--force-share", force_share_, "Read even while another process writes the image (ignores its lock)");
     sub->add_option("filename", filename_, "Image file")->required();
     return sub;
   }
@@ -107,6 +107,7 @@ class MapCommand final : public Subcommand {
     block::OpenOptions options;
     options.format = format_;
     options.read_only = true;
+    options.force_share = force_share_;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> dev, block::Open(filename_, options));
     uint64_t size = dev->size();
     uint64_t start = 0;

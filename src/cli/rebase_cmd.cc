@@ -46,8 +46,7 @@ class RebaseCommand final : public Subcommand {
     // qemu's write lock on the image for the whole rebase: it is opened
     // more than once below, and those opens take none on it (the summary's
     // brief read shares, as a -U read would, with the lock we hold).
-    auto lock = io::QemuImageLock::Acquire(filename_, io::QemuLockMode::kWrite);
-    if (!lock && lock.error().code() != Code::kNotSupported) return lock.error();
+    TD_ASSIGN_OR_RETURN(auto lock, block::LockImage(filename_, io::QemuLockMode::kWrite));
     TD_ASSIGN_OR_RETURN(ImageSummary image,
                         ReadImageSummary(filename_, format_, /*force_share=*/true));
     if (image.format != "qcow2") {
@@ -70,7 +69,7 @@ class RebaseCommand final : public Subcommand {
 
     io::OpenOptions io_options;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
-                        io::OpenFile(filename_, io_options));
+                        block::OpenStorage(filename_, io_options));
     Status s = qcow2::SetBackingFile(*storage, backing_, backing_format_);
     if (!s.ok()) return s.WithContext("Could not change the backing file to '" + backing_ + "'");
     return Outcome::kSuccess;

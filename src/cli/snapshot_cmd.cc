@@ -64,12 +64,7 @@ class SnapshotCommand final : public Subcommand {
     // (qemu-nbd, a VM) uses it meanwhile, and refuse if one does now.
     std::optional<io::QemuImageLock> lock;
     if (write) {
-      auto locked = io::QemuImageLock::Acquire(filename_, io::QemuLockMode::kShared);
-      if (locked) {
-        lock = std::move(*locked);
-      } else if (locked.error().code() != Code::kNotSupported) {
-        return locked.error();
-      }  // else no OFD locks on this filesystem: nothing to coordinate with
+      TD_ASSIGN_OR_RETURN(lock, block::LockImage(filename_, io::QemuLockMode::kShared));
     }
     io::OpenOptions io_options;
     io_options.read_only = !write;
@@ -78,7 +73,7 @@ class SnapshotCommand final : public Subcommand {
       io_options.lock = force_share_ ? io::QemuLockMode::kForceShare : io::QemuLockMode::kRead;
     }
     TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
-                        io::OpenFile(filename_, io_options));
+                        block::OpenStorage(filename_, io_options));
     qcow2::OpenOptions options;
     options.read_only = !write;
     options.no_backing = true;  // snapshots never read guest data

@@ -112,6 +112,11 @@ refused "io -r (no -U)" "$TD" io -r -c "read 0 4k" clone1.qcow2
 refused "check (no -U)" "$TD" check clone1.qcow2
 refused "snapshot -l (no -U)" "$TD" snapshot -l clone1.qcow2
 refused "measure (no -U)" "$TD" measure -O qcow2 clone1.qcow2
+refused "info (no -U)" "$TD" info clone1.qcow2
+refused "map (no -U)" "$TD" map clone1.qcow2
+refused "compare (no -U)" "$TD" compare clone1.qcow2 saved/clone1.qcow2
+refused "convert's source (no -U)" "$TD" convert -O raw clone1.qcow2 copy.raw
+assert_absent copy.raw "a convert refused its source"
 log "-U is for reads only"
 td_fails "read-only|only lists|cannot be used with -r" "io -U without -r" \
   io -U -c "write 0 4k" clone1.qcow2
@@ -123,6 +128,12 @@ read_shared thindisk clone1.qcow2 "read -P 0xc3 3M 4k" "read -P 0xc4 4M 4k" \
 td check -U clone1.qcow2
 td snapshot -U -l clone1.qcow2
 td measure -U -O qcow2 clone1.qcow2
+td info -U --output=json clone1.qcow2
+td map -U --output=json clone1.qcow2
+grep -q '"depth": 1' "$OUT" || fail "map -U shows no base data: $(cat "$OUT")"
+td compare -U clone1.qcow2 saved/clone1.qcow2
+td convert -U -O raw clone1.qcow2 copy.raw
+ok "$QEMU_IMG" compare -U -f qcow2 -F raw clone1.qcow2 copy.raw
 unchanged "thindisk's refused writers"
 log "a writer of another clone of the same base works beside qemu-nbd"
 io_ok thindisk clone2.qcow2 "write -P 0xd2 5M 4k" "read -P 0xba 0 1M"

@@ -173,6 +173,21 @@ nbdkit_unix kit-small small.sock memory 1M
 td_fails "too small" "qcow2 onto a too small export" convert -O qcow2 src.qcow2 "$(uri small.sock)"
 one_line_error "qcow2 onto a too small export"
 td_fails "too small" "raw onto a too small export" convert -O raw src.raw "$(uri small.sock)"
+log "   create on an export (qemu-img create formats an export too)"
+nbdkit_unix kit-create create.sock memory 64M
+td create -f qcow2 "$(uri create.sock)" 32M
+ok "$QEMU_IMG" info --output=json "$(uri create.sock)"
+assert_eq "qcow2 32M" "$(jq -r '"\(.format) \(."virtual-size" / 1048576)M"' "$OUT")" \
+  "format and size of an image created on an export"
+io_ok thindisk "$(uri create.sock)" "write -P 0x3c 1M 64k"
+io_ok qemu-io "$(uri create.sock)" "read -P 0x3c 1M 64k" "read -P 0 0 1M"
+ok "$QEMU_IMG" check "$(uri create.sock)"
+# Thin: 1G of virtual size fits a 1M export; fully preallocated it does not.
+td create -f qcow2 "$(uri small.sock)" 1G
+ok "$QEMU_IMG" check "$(uri small.sock)"
+td_fails "too small" "preallocated create onto a too small export" \
+  create -f qcow2 -o preallocation=full "$(uri small.sock)" 1G
+one_line_error "preallocated create onto a too small export"
 
 log "4. a qcow2 clone over an NBD base served by qemu-nbd -r"
 qnbd qnbd-base base.sock -t -r -f raw "$TMP/src.raw"
