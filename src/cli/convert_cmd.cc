@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -32,8 +34,17 @@ namespace {
 // default -S is 4 KiB). `measure` replays the same grain (qcow2/measure.h).
 constexpr uint64_t kCopyChunk = qcow2::kConvertChunk;
 constexpr uint64_t kSparseGrain = qcow2::kConvertSparseGrain;
-// Parallel compression: clusters per unit of work, and at most this many
-// threads (the machine's CPUs otherwise).
+// Plain copies read ahead and write in order (CopyPlain): kCopyReaders
+// threads fetch runs of kCopyRun bytes (block status and data) while this
+// thread writes finished runs in guest order, as qemu-img convert does
+// without -W. So many requests are in flight against a source with latency
+// (an NBD export answers each after a round trip), while the target's host
+// layout still follows guest order: later sequential reads stay sequential
+// and measure's prediction of the file size stays exact.
+constexpr uint64_t kCopyRun = kCopyChunk;
+constexpr size_t kCopyReaders = 8;
+// Compression is CPU-bound: runs of kCompressRun clusters over the
+// machine's CPUs, at most kMaxCompressThreads (ForEachRun).
 constexpr uint64_t kCompressRun = 16;
 constexpr size_t kMaxCompressThreads = 8;
 
@@ -44,40 +55,83 @@ class Converter {
 
   Status CopyPlain() {
     const uint64_t size = src_.size();
-    std::vector<uint8_t> buf(kCopyChunk);
-    for (uint64_t offset = 0; offset < size;) {
-      TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, size - offset));
-      if (e.length == 0) return Status::Internal("block status returned an empty extent");
-      uint64_t n = std::min(e.length, size - offset);
-      if (!SkipExtent(e)) n = std::min(n, kCopyChunk);  // what one buffer holds
-      if (SkipExtent(e)) {
-        // Nothing to write: the fresh target already reads the same.
-      } else if (e.zero) {
-        // Only reached with a target backing file: zeros must hide it.
-        TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset, n));
-      } else {
-        std::span<uint8_t> data(buf.data(), n);
-        TD_RETURN_IF_ERROR(src_.Read(offset, data));
-        TD_RETURN_IF_ERROR(WriteNonZeroRuns(offset, data));
+    const uint64_t runs = (size + kCopyRun - 1) / kCopyRun;
+    // Run r is fetched into slots[r % kCopyReaders] once run r - kCopyReaders
+    // has been written.
+    std::vector<FetchedRun> slots(kCopyReaders);
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t next_fetch = 0;  // guarded by mu
+    uint64_t written = 0;     // runs written, in order; guarded by mu
+    bool stop = false;        // guarded by mu
+    auto reader = [&] {
+      std::unique_lock<std::mutex> lock(mu);
+      while (!stop && next_fetch < runs) {
+        const uint64_t r = next_fetch++;
+        FetchedRun& slot = slots[r % kCopyReaders];
+        cv.wait(lock, [&] { return stop || r < written + kCopyReaders; });
+        if (stop) return;
+        lock.unlock();
+        const uint64_t begin = r * kCopyRun;
+        Status s = Fetch(begin, std::min(size, begin + kCopyRun), slot);
+        lock.lock();
+        slot.status = s;
+        slot.run = r;
+        slot.ready = true;
+        cv.notify_all();
       }
-      offset += n;
-      progress_.Update(offset, size);
+    };
+    std::vector<std::thread> readers;
+    for (size_t i = 0; i < kCopyReaders && i < runs; ++i) readers.emplace_back(reader);
+    Status result;
+    for (uint64_t r = 0; r < runs; ++r) {
+      FetchedRun& slot = slots[r % kCopyReaders];
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return slot.ready && slot.run == r; });
+      }
+      Status s = slot.status.ok() ? WriteFetched(slot) : slot.status;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        slot.ready = false;
+        ++written;
+        if (!s.ok()) stop = true;
+      }
+      cv.notify_all();
+      if (!s.ok()) {
+        result = s;
+        break;
+      }
+      progress_.Update(std::min(size, (r + 1) * kCopyRun), size);
     }
-    return Status::Ok();
+    for (std::thread& t : readers) t.join();
+    return result;
   }
 
-  // Compression is CPU-bound, so clusters are compressed in parallel: the
-  // image is cut into runs of kCompressRun clusters, and a few threads
-  // (this one included) take runs in order from a shared counter, each
-  // compressing and writing its run's clusters. WriteCompressed is safe for
-  // concurrent use on different clusters; compressed clusters land in the
-  // file in roughly guest order (runs are handed out in order).
+  // Compressed clusters land in the file in roughly guest order (runs are
+  // handed out in order); WriteCompressed is safe for concurrent use on
+  // different clusters.
   Status CopyCompressed() {
     auto* image = dynamic_cast<qcow2::Image*>(&dst_);
     if (image == nullptr) return Status::InvalidArgument("compression (-c) needs a qcow2 target");
-    const uint64_t size = src_.size();
     const uint64_t cluster = image->header().cluster_size();
-    const uint64_t run_bytes = cluster * kCompressRun;
+    const size_t threads =
+        std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMaxCompressThreads);
+    return ForEachRun(cluster * kCompressRun, threads, cluster,
+                      [&](uint64_t begin, uint64_t end, std::vector<uint8_t>& buf) {
+                        return CompressRange(*image, begin, end, cluster, buf);
+                      });
+  }
+
+ private:
+  using RunFn = std::function<Status(uint64_t begin, uint64_t end, std::vector<uint8_t>& buf)>;
+
+  // Cuts the source into runs of `run_bytes`; `threads` threads (this one
+  // included, which also draws the progress) take runs in order from a
+  // shared counter and call `fn` on each with a buffer of `buf_bytes`. The
+  // first error stops every thread after its current run and is returned.
+  Status ForEachRun(uint64_t run_bytes, size_t threads, size_t buf_bytes, const RunFn& fn) {
+    const uint64_t size = src_.size();
     const uint64_t runs = (size + run_bytes - 1) / run_bytes;
     std::atomic<uint64_t> next_run{0};
     std::atomic<uint64_t> done_bytes{0};
@@ -85,11 +139,11 @@ class Converter {
     std::mutex error_mu;
     Status first_error;
     auto work = [&](bool report) {
-      std::vector<uint8_t> buf(cluster);
+      std::vector<uint8_t> buf(buf_bytes);
       for (uint64_t r; !failed.load() && (r = next_run.fetch_add(1)) < runs;) {
         const uint64_t begin = r * run_bytes;
         const uint64_t end = std::min(size, begin + run_bytes);
-        Status s = CompressRange(*image, begin, end, cluster, buf);
+        Status s = fn(begin, end, buf);
         if (!s.ok()) {
           std::lock_guard<std::mutex> lock(error_mu);
           if (first_error.ok()) first_error = s;
@@ -99,8 +153,6 @@ class Converter {
         if (report) progress_.Update(done_bytes.load(), size);
       }
     };
-    const size_t threads =
-        std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMaxCompressThreads);
     std::vector<std::thread> helpers;
     for (size_t i = 1; i < threads && i < runs; ++i) helpers.emplace_back(work, false);
     work(true);
@@ -108,7 +160,59 @@ class Converter {
     return first_error;
   }
 
- private:
+  // One run of the source as CopyPlain's readers fetch it: its extents in
+  // order, the data ones read into `data` (at their offset in the run).
+  struct Piece {
+    enum class Kind { kSkip, kZero, kData };
+    uint64_t offset = 0, length = 0;
+    Kind kind = Kind::kSkip;
+  };
+  struct FetchedRun {
+    uint64_t begin = 0;
+    std::vector<uint8_t> data;
+    std::vector<Piece> pieces;
+    Status status;
+    uint64_t run = 0;    // guarded by CopyPlain's mutex, with ready
+    bool ready = false;  // fetched and not yet written
+  };
+
+  // Reads [begin, end) into `run`: skippable extents are not read (the
+  // fresh target reads the same), zero ones only matter over a target
+  // backing file, data is read whole.
+  Status Fetch(uint64_t begin, uint64_t end, FetchedRun& run) {
+    run.begin = begin;
+    run.pieces.clear();
+    run.data.resize(end - begin);
+    for (uint64_t offset = begin; offset < end;) {
+      TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, end - offset));
+      if (e.length == 0) return Status::Internal("block status returned an empty extent");
+      const uint64_t n = std::min(e.length, end - offset);
+      Piece p{offset, n, Piece::Kind::kData};
+      if (SkipExtent(e)) {
+        p.kind = Piece::Kind::kSkip;
+      } else if (e.zero) {
+        p.kind = Piece::Kind::kZero;  // zeros must hide the target's backing file
+      } else {
+        TD_RETURN_IF_ERROR(src_.Read(offset, std::span(run.data).subspan(offset - begin, n)));
+      }
+      run.pieces.push_back(p);
+      offset += n;
+    }
+    return Status::Ok();
+  }
+
+  Status WriteFetched(const FetchedRun& run) {
+    for (const Piece& p : run.pieces) {
+      if (p.kind == Piece::Kind::kZero) {
+        TD_RETURN_IF_ERROR(dst_.WriteZeroes(p.offset, p.length));
+      } else if (p.kind == Piece::Kind::kData) {
+        TD_RETURN_IF_ERROR(WriteNonZeroRuns(
+            p.offset, std::span<const uint8_t>(run.data).subspan(p.offset - run.begin, p.length)));
+      }
+    }
+    return Status::Ok();
+  }
+
   // Compresses the clusters of [offset, end) (cluster-aligned `offset`).
   Status CompressRange(qcow2::Image& image, uint64_t offset, uint64_t end, uint64_t cluster,
                        std::vector<uint8_t>& buf) {
