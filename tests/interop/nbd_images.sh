@@ -216,10 +216,10 @@ td_fails "read-only" "write to a read-only export" io -c "write 0 4k" "$(uri bas
 grep -qF "$(uri base.sock)" "$ERR" || fail "read-only error does not name the URI: $(cat "$ERR")"
 
 log "5. failures"
-# A server that vanishes mid-convert: every read waits 50 ms, so the 64 MiB
-# of data (32 reads of 2 MiB) take over 1.5 s, and the server is killed
-# after 0.5 s.
-nbdkit_unix kit-slow slow.sock --filter=delay pattern $SIZE rdelay=50ms
+# A server that vanishes mid-convert: every read waits 2 s, so the 64 MiB
+# of data (32 reads of 2 MiB, convert keeps 8 in flight) take over 8 s, and
+# the server is killed after 0.5 s.
+nbdkit_unix kit-slow slow.sock --filter=delay pattern $SIZE rdelay=2
 set +e
 "$TD" convert -O qcow2 "$(uri slow.sock)" vanished.qcow2 >"$TMP/v.out" 2>"$TMP/v.err" &
 CONVERT_PID=$!
