@@ -26,7 +26,16 @@ SIZE=$((64 << 20))
 CAP=64
 # What one connection that is not yet a session may cost (docs/serve-limits.md):
 NEGOTIATING_KIB=128
-GROWTH_BOUND_KIB=$((2 * CAP * NEGOTIATING_KIB))
+# Under AddressSanitizer every thread has its own allocator caches and every
+# allocation redzones and a quarantine: 26 MiB measured for what is 6.6 MiB
+# in the optimized build (<= 16 MiB bound). The bound asserted there is
+# docs/serve-limits.md's; the sanitized run checks the same flood at 4x.
+FACTOR=1
+if [[ ${THINDISK_SANITIZE:-} == *address* ]]; then
+  FACTOR=4
+  log "sanitized build (THINDISK_SANITIZE=$THINDISK_SANITIZE): memory bound x4 for ASan's own overhead"
+fi
+GROWTH_BOUND_KIB=$((FACTOR * 2 * CAP * NEGOTIATING_KIB))
 
 "$TD" create -f qcow2 disk.qcow2 $SIZE >/dev/null
 
@@ -91,7 +100,7 @@ served_despite_flood() {
   ((evicted >= SILENT - CAP)) ||
     { cat "$name.err" >&2; fail "$name: only $evicted evictions for $SILENT silent clients (cap $CAP)"; }
   log "$name${5:+ ($5)}: $evicted oldest negotiators evicted; VmHWM $((before / 1024)) -> $((after / 1024)) MiB" \
-    "(growth $((after - before)) KiB, bound $GROWTH_BOUND_KIB KiB = 2 x $CAP x $NEGOTIATING_KIB KiB)"
+    "(growth $((after - before)) KiB, bound $GROWTH_BOUND_KIB KiB = $FACTOR x 2 x $CAP x $NEGOTIATING_KIB KiB)"
   ((after - before <= GROWTH_BOUND_KIB)) ||
     fail "$name: peak RSS grew by $((after - before)) KiB with silent clients, over $GROWTH_BOUND_KIB KiB"
 }
