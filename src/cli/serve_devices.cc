@@ -16,29 +16,29 @@ Status WindowDevice::Check(uint64_t offset, uint64_t length) const {
 
 Status WindowDevice::Read(uint64_t offset, std::span<uint8_t> buf) {
   TD_RETURN_IF_ERROR(Check(offset, buf.size()));
-  return inner_->Read(offset_ + offset, buf);
+  return inner().Read(offset_ + offset, buf);
 }
 
 Status WindowDevice::Write(uint64_t offset, std::span<const uint8_t> buf,
                            block::WriteFlags flags) {
   TD_RETURN_IF_ERROR(Check(offset, buf.size()));
-  return inner_->Write(offset_ + offset, buf, flags);
+  return inner().Write(offset_ + offset, buf, flags);
 }
 
 Status WindowDevice::WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) {
   TD_RETURN_IF_ERROR(Check(offset, length));
-  return inner_->WriteZeroes(offset_ + offset, length, flags);
+  return inner().WriteZeroes(offset_ + offset, length, flags);
 }
 
 Status WindowDevice::Discard(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(Check(offset, length));
-  return inner_->Discard(offset_ + offset, length);
+  return inner().Discard(offset_ + offset, length);
 }
 
 Result<block::Extent> WindowDevice::GetStatus(uint64_t offset, uint64_t max_length) {
   TD_RETURN_IF_ERROR(Check(offset, 0));
   max_length = std::min(max_length, length_ - offset);
-  TD_ASSIGN_OR_RETURN(block::Extent e, inner_->GetStatus(offset_ + offset, max_length));
+  TD_ASSIGN_OR_RETURN(block::Extent e, inner().GetStatus(offset_ + offset, max_length));
   // The inner extent starts where asked; shift it back into the window.
   e.offset -= offset_;
   e.length = std::min(e.length, length_ - e.offset);

@@ -18,69 +18,47 @@
 
 #include <memory>
 
-#include "block/device.h"
+#include "block/forwarding_device.h"
 
 namespace thindisk::cli {
 
-class WindowDevice final : public block::Device {
+class WindowDevice final : public block::ForwardingDevice {
  public:
   // REQUIRES: offset + length <= inner->size() (checked by the caller, which
   // names the option in its error: OpenExportDevice in serve_open.h).
   WindowDevice(std::shared_ptr<block::Device> inner, uint64_t offset, uint64_t length)
-      : inner_(std::move(inner)), offset_(offset), length_(length) {}
+      : ForwardingDevice(std::move(inner)), offset_(offset), length_(length) {}
 
   uint64_t size() const override { return length_; }
-  const block::DeviceInfo& info() const override { return inner_->info(); }
   Status Read(uint64_t offset, std::span<uint8_t> buf) override;
   Status Write(uint64_t offset, std::span<const uint8_t> buf,
                block::WriteFlags flags) override;
   Status WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) override;
   Status Discard(uint64_t offset, uint64_t length) override;
-  Status Flush() override { return inner_->Flush(); }
   Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override;
   Status Resize(uint64_t new_size, bool shrink) override;
-  Status Close() override { return inner_->Close(); }
 
  private:
   Status Check(uint64_t offset, uint64_t length) const;
 
-  std::shared_ptr<block::Device> inner_;
   const uint64_t offset_;
   const uint64_t length_;
 };
 
-class WriteThroughDevice final : public block::Device {
+class WriteThroughDevice final : public block::ForwardingDevice {
  public:
-  explicit WriteThroughDevice(std::shared_ptr<block::Device> inner) : inner_(std::move(inner)) {}
+  explicit WriteThroughDevice(std::shared_ptr<block::Device> inner)
+      : ForwardingDevice(std::move(inner)) {}
 
-  uint64_t size() const override { return inner_->size(); }
-  const block::DeviceInfo& info() const override { return inner_->info(); }
-  Status Read(uint64_t offset, std::span<uint8_t> buf) override {
-    return inner_->Read(offset, buf);
-  }
   Status Write(uint64_t offset, std::span<const uint8_t> buf,
                block::WriteFlags flags) override {
     flags.fua = true;
-    return inner_->Write(offset, buf, flags);
+    return inner().Write(offset, buf, flags);
   }
   Status WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) override {
     flags.fua = true;
-    return inner_->WriteZeroes(offset, length, flags);
+    return inner().WriteZeroes(offset, length, flags);
   }
-  Status Discard(uint64_t offset, uint64_t length) override {
-    return inner_->Discard(offset, length);
-  }
-  Status Flush() override { return inner_->Flush(); }
-  Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override {
-    return inner_->GetStatus(offset, max_length);
-  }
-  Status Resize(uint64_t new_size, bool shrink) override {
-    return inner_->Resize(new_size, shrink);
-  }
-  Status Close() override { return inner_->Close(); }
-
- private:
-  std::shared_ptr<block::Device> inner_;
 };
 
 }  // namespace thindisk::cli

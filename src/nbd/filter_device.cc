@@ -29,14 +29,14 @@ Status FilterDevice::Write(uint64_t offset, std::span<const uint8_t> buf,
     zf.fua = flags.fua;
     zf.may_unmap = options_.detect_zeroes == DZ::kUnmap &&
                    options_.discard == FilterOptions::Discard::kUnmap;
-    return inner_->WriteZeroes(offset, buf.size(), zf);
+    return inner().WriteZeroes(offset, buf.size(), zf);
   }
-  return inner_->Write(offset, buf, flags);
+  return inner().Write(offset, buf, flags);
 }
 
 Status FilterDevice::WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) {
   if (options_.discard == FilterOptions::Discard::kIgnore) flags.may_unmap = false;
-  return inner_->WriteZeroes(offset, length, flags);
+  return inner().WriteZeroes(offset, length, flags);
 }
 
 Status FilterDevice::Discard(uint64_t offset, uint64_t length) {
@@ -48,7 +48,7 @@ Status FilterDevice::Discard(uint64_t offset, uint64_t length) {
     if (info().read_only) return Status::ReadOnly("read-only device");
     return Status::Ok();
   }
-  return inner_->Discard(offset, length);
+  return inner().Discard(offset, length);
 }
 
 }  // namespace thindisk::nbd

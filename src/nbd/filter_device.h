@@ -15,7 +15,7 @@
 
 #include <memory>
 
-#include "block/device.h"
+#include "block/forwarding_device.h"
 
 namespace thindisk::nbd {
 
@@ -31,33 +31,17 @@ struct FilterOptions {
   }
 };
 
-class FilterDevice final : public block::Device {
+class FilterDevice final : public block::ForwardingDevice {
  public:
   FilterDevice(std::shared_ptr<block::Device> inner, FilterOptions options)
-      : inner_(std::move(inner)), options_(options) {}
+      : ForwardingDevice(std::move(inner)), options_(options) {}
 
-  uint64_t size() const override { return inner_->size(); }
-  const block::DeviceInfo& info() const override { return inner_->info(); }
-  Status Read(uint64_t offset, std::span<uint8_t> buf) override {
-    return inner_->Read(offset, buf);
-  }
   Status Write(uint64_t offset, std::span<const uint8_t> buf,
                block::WriteFlags flags) override;
   Status WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) override;
   Status Discard(uint64_t offset, uint64_t length) override;
-  Status Flush() override { return inner_->Flush(); }
-  Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override {
-    return inner_->GetStatus(offset, max_length);
-  }
-  Status Resize(uint64_t new_size, bool shrink) override {
-    return inner_->Resize(new_size, shrink);
-  }
-  Status Close() override { return inner_->Close(); }
-
-  block::Device* inner() const { return inner_.get(); }
 
  private:
-  std::shared_ptr<block::Device> inner_;
   FilterOptions options_;
 };
 
