@@ -1,21 +1,18 @@
 #include "nbdclient/nbd_storage.h"
 
 #include <libnbd.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cerrno>
-#include <condition_variable>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
-#include <thread>
 #include <utility>
 #include <vector>
+
+#include "nbdclient/connection.h"
 
 namespace thindisk::nbdclient {
 namespace {
@@ -28,87 +25,51 @@ constexpr uint64_t kDefaultMaxRequest = 32ull << 20;
 constexpr uint64_t kMaxRangeRequest = 1ull << 30;
 // Zero-filled writes for servers without WRITE_ZEROES.
 constexpr uint64_t kZeroBufferBytes = 1ull << 20;
-
-Code CodeForErrno(int e) {
-  switch (e) {
-    case ENOENT: return Code::kNotFound;
-    case ENOSPC: case EDQUOT: case EFBIG: return Code::kNoSpace;
-    case ENOTSUP: return Code::kNotSupported;
-    case EROFS: case EPERM: case EACCES: return Code::kReadOnly;
-    case EINVAL: return Code::kInvalidArgument;
-    default: return Code::kIoError;
-  }
-}
-
-// The calling thread's last libnbd error, as "what: message".
-Status LibnbdError(const std::string& what) {
-  const char* msg = nbd_get_error();
-  int e = nbd_get_errno();
-  return Status(CodeForErrno(e), what + ": " + (msg != nullptr ? msg : "unknown libnbd error"), e);
-}
-
-// One command in flight. Completed by the event loop thread, waited for by
-// the issuing thread; both under NbdStorage::mu_.
-struct Request {
-  bool done = false;
-  int error = 0;
-  // BLOCK_STATUS replies: (length, NBD_STATE_* flags) from `extents_from`.
-  uint64_t extents_from = 0;
-  std::vector<std::pair<uint32_t, uint32_t>> extents;
-};
+// Connections to a multi-conn export (nbdcopy's default too): the first,
+// and the rest joining in the background.
+constexpr size_t kMaxConnections = 4;
 
 class NbdStorage final : public io::Storage {
  public:
   NbdStorage(std::string uri, bool read_only) : uri_(std::move(uri)), read_only_(read_only) {}
 
+  // The connections go first (their loops call back into this object),
+  // the extra ones before the first.
   ~NbdStorage() override {
-    if (loop_.joinable()) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        stop_ = true;
-      }
-      Wake();
-      loop_.join();
-    }
-    if (h_ != nullptr) {
-      if (nbd_aio_is_ready(h_) == 1) (void)nbd_shutdown(h_, 0);
-      nbd_close(h_);  // completes (with errors) whatever is still queued
-    }
-    if (wake_fd_ >= 0) ::close(wake_fd_);
+    while (!conns_.empty()) conns_.pop_back();
   }
 
   Status Connect() {
-    // 1. The handle, with the allocation map asked for before the handshake.
-    h_ = nbd_create();
-    if (h_ == nullptr) return LibnbdError(uri_);
-    if (nbd_supports_uri(h_) != 1) {
-      return Status::NotSupported(uri_ + ": this libnbd was built without NBD URI support");
-    }
-    if (nbd_add_meta_context(h_, LIBNBD_CONTEXT_BASE_ALLOCATION) == -1) return LibnbdError(uri_);
-    if (nbd_connect_uri(h_, uri_.c_str()) == -1) return LibnbdError(uri_);
+    // 1. The first connection, in the foreground: its errors are the user's.
+    conns_.push_back(std::make_unique<Connection>(uri_, mu_));
+    Connection& first = *conns_.front();
+    TD_RETURN_IF_ERROR(first.Connect());
+    nbd_handle* h = first.handle();
 
     // 2. What the server offers.
-    int64_t size = nbd_get_size(h_);
+    int64_t size = nbd_get_size(h);
     if (size < 0) return LibnbdError(uri_);
     size_ = uint64_t(size);
-    read_only_ = read_only_ || nbd_is_read_only(h_) == 1;
-    can_flush_ = nbd_can_flush(h_) == 1;
-    can_zero_ = nbd_can_zero(h_) == 1;
-    have_allocation_ = nbd_can_meta_context(h_, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
-    int64_t min_block = nbd_get_block_size(h_, LIBNBD_SIZE_MINIMUM);
+    server_read_only_ = nbd_is_read_only(h) == 1;
+    read_only_ = read_only_ || server_read_only_;
+    can_flush_ = nbd_can_flush(h) == 1;
+    can_zero_ = nbd_can_zero(h) == 1;
+    have_allocation_ = nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1;
+    int64_t min_block = nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
     min_block_ = min_block > 1 ? uint64_t(min_block) : 1;
     if (min_block_ > (64u << 10) || (min_block_ & (min_block_ - 1)) != 0) {
       return Status::NotSupported(uri_ + ": the server's minimum block size " +
                                   std::to_string(min_block_) + " is not supported");
     }
-    int64_t max_block = nbd_get_block_size(h_, LIBNBD_SIZE_MAXIMUM);
+    int64_t max_block = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
     max_request_ = max_block > 0 ? std::min<uint64_t>(uint64_t(max_block), 64ull << 20)
                                  : kDefaultMaxRequest;
-
-    // 3. The event loop that moves every command along.
-    wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (wake_fd_ < 0) return Status::FromErrno(errno, uri_ + ": eventfd");
-    loop_ = std::thread([this] { Loop(); });
+    usable_.push_back(&first);
+    // More connections when the server says every connection sees the
+    // others' completed writes and a flush on one covers all (multi-conn):
+    // opened once requests overlap (Issue), so a command that asks one
+    // thing at a time (info, map) makes one connection.
+    multi_conn_ = nbd_can_multi_conn(h) == 1;
     return Status::Ok();
   }
 
@@ -149,8 +110,8 @@ class NbdStorage final : public io::Storage {
 
   Status Flush() override {
     if (read_only_ || !can_flush_) return Status::Ok();
-    TD_ASSIGN_OR_RETURN(auto r, Issue([&](nbd_completion_callback cb, Request*) {
-                          return nbd_aio_flush(h_, cb, 0);
+    TD_ASSIGN_OR_RETURN(auto r, Issue([&](nbd_handle* h, nbd_completion_callback cb, Request*) {
+                          return nbd_aio_flush(h, cb, 0);
                         }));
     std::vector<std::shared_ptr<Request>> one{r};
     return WaitAll(one, "flush", 0, 0);
@@ -201,8 +162,8 @@ class NbdStorage final : public io::Storage {
     Status s;
     for (uint64_t pos = 0; pos < in && s.ok(); pos += max_request_) {
       const uint64_t n = std::min(max_request_, in - pos);
-      auto r = Issue([&](nbd_completion_callback cb, Request*) {
-        return nbd_aio_pread(h_, buf.data() + pos, n, offset + pos, cb, 0);
+      auto r = Issue([&](nbd_handle* h, nbd_completion_callback cb, Request*) {
+        return nbd_aio_pread(h, buf.data() + pos, n, offset + pos, cb, 0);
       });
       if (r.has_value()) issued.push_back(std::move(r).value());
       else s = r.error();
@@ -217,8 +178,8 @@ class NbdStorage final : public io::Storage {
     Status s;
     for (uint64_t pos = 0; pos < buf.size() && s.ok(); pos += max_request_) {
       const uint64_t n = std::min<uint64_t>(max_request_, buf.size() - pos);
-      auto r = Issue([&](nbd_completion_callback cb, Request*) {
-        return nbd_aio_pwrite(h_, buf.data() + pos, n, offset + pos, cb, 0);
+      auto r = Issue([&](nbd_handle* h, nbd_completion_callback cb, Request*) {
+        return nbd_aio_pwrite(h, buf.data() + pos, n, offset + pos, cb, 0);
       });
       if (r.has_value()) issued.push_back(std::move(r).value());
       else s = r.error();
@@ -226,25 +187,6 @@ class NbdStorage final : public io::Storage {
     Status w = WaitAll(issued, "write", offset, buf.size());
     return s.ok() ? w : s;
   }
-
-  // The completion callback's user data: keeps the Request alive until
-  // libnbd is done with it (its free function runs last, even when issuing
-  // failed), so a waiter that gave up on a dead connection leaves nothing
-  // dangling.
-  struct Holder {
-    NbdStorage* self;
-    std::shared_ptr<Request> request;
-  };
-
-  static int OnComplete(void* user_data, int* error) {
-    auto* holder = static_cast<Holder*>(user_data);
-    std::lock_guard<std::mutex> lock(holder->self->mu_);
-    holder->request->error = *error;
-    holder->request->done = true;
-    holder->self->cv_.notify_all();
-    return 1;  // retire the command
-  }
-  static void FreeHolder(void* user_data) { delete static_cast<Holder*>(user_data); }
 
   static int OnExtents(void* user_data, const char* context, uint64_t offset, uint32_t* entries,
                        size_t count, int* /*error*/) {
@@ -256,38 +198,72 @@ class NbdStorage final : public io::Storage {
     return 0;
   }
 
-  // Issues one command and wakes the event loop to send it.
-  // `issue(callback, request)` calls an nbd_aio_* function.
+  // A background connection finished its handshake: used from now on if
+  // the server shows it the same export as the first.
+  bool Join(Connection& c) {
+    nbd_handle* h = c.handle();
+    const bool same = nbd_get_size(h) == int64_t(size_) && nbd_can_multi_conn(h) == 1 &&
+                      (nbd_is_read_only(h) == 1) == server_read_only_ &&
+                      (nbd_can_flush(h) == 1) == can_flush_ && (nbd_can_zero(h) == 1) == can_zero_ &&
+                      (nbd_can_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION) == 1) ==
+                          have_allocation_ &&
+                      std::max<int64_t>(nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM), 1) ==
+                          int64_t(min_block_);
+    if (!same) return false;
+    std::lock_guard<std::mutex> lock(mu_);
+    usable_.push_back(&c);
+    return true;
+  }
+
+  // Opens the extra connections of a multi-conn export. They join when
+  // their handshake is done; one that is refused, never answered or
+  // differs from the first is simply not used.
+  void StartExtraConnections() {
+    for (size_t i = 1; i < kMaxConnections; ++i) {
+      auto c = std::make_unique<Connection>(uri_, mu_);
+      if (!c->ConnectInBackground([this](Connection& joined) { return Join(joined); }).ok()) break;
+      conns_.push_back(std::move(c));
+    }
+  }
+
+  // Issues one command on the next live connection (round robin), so
+  // concurrent requests spread over all of them.
   template <typename Fn>
   Result<std::shared_ptr<Request>> Issue(Fn&& issue) {
-    auto r = std::make_shared<Request>();
+    Connection* c = nullptr;
+    bool start_extras = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!dead_.empty()) return DeadError();
+      if (multi_conn_ && !extras_started_ && usable_.front()->in_flight() > 0) {
+        extras_started_ = start_extras = true;
+      }
+      for (size_t i = 0; i < usable_.size() && c == nullptr; ++i) {
+        Connection* next = usable_[next_++ % usable_.size()];
+        if (next->dead().empty()) c = next;
+      }
+      if (c == nullptr) c = usable_.front();  // all dead: its error is the answer
     }
-    nbd_completion_callback cb{&OnComplete, new Holder{this, r}, &FreeHolder};
-    if (issue(cb, r.get()) == -1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      return dead_.empty() ? LibnbdError(uri_) : DeadError();
-    }
-    Wake();
-    return r;
+    if (start_extras) StartExtraConnections();
+    return c->Issue([&](nbd_completion_callback cb, Request* r) -> int64_t {
+      return issue(c->handle(), cb, r);
+    });
   }
 
   // Waits for every issued request; the first failure is returned. A dead
-  // connection ends the wait at once (its requests never complete).
+  // connection ends the wait for its requests at once (they never complete).
   Status WaitAll(const std::vector<std::shared_ptr<Request>>& issued, const char* what,
                  uint64_t offset, uint64_t length) {
     std::unique_lock<std::mutex> lock(mu_);
     Status first;
     for (const auto& r : issued) {
-      cv_.wait(lock, [&] { return r->done || !dead_.empty(); });
-      if (!r->done) return DeadError();
+      Connection& c = *r->conn;
+      r->cv.wait(lock, [&] { return r->done || !c.dead().empty(); });
+      if (!r->done) return DeadError(c);
       if (r->error == ENOTCONN) {
         // The connection died: libnbd fails the commands in flight first,
         // then the event loop records why; that reason is the better line.
-        cv_.wait_for(lock, std::chrono::seconds(1), [&] { return !dead_.empty(); });
-        if (!dead_.empty()) return DeadError();
+        c.WaitDead(lock, std::chrono::seconds(1));
+        if (!c.dead().empty()) return DeadError(c);
       }
       if (r->error != 0 && first.ok()) {
         first = Status(CodeForErrno(r->error),
@@ -299,8 +275,10 @@ class NbdStorage final : public io::Storage {
     return first;
   }
 
-  // REQUIRES: mu_ held and dead_ set.
-  Status DeadError() const { return Status(Code::kIoError, uri_ + ": " + dead_, ENOTCONN); }
+  // REQUIRES: mu_ held and c.dead() set.
+  Status DeadError(const Connection& c) const {
+    return Status(Code::kIoError, uri_ + ": " + c.dead(), ENOTCONN);
+  }
 
   Status CheckWritable(uint64_t offset, uint64_t length, const char* what) const {
     if (read_only_) return Status::ReadOnly(uri_ + ": the NBD export is read-only");
@@ -345,8 +323,8 @@ class NbdStorage final : public io::Storage {
     Status s;
     for (uint64_t pos = 0; pos < length && s.ok(); pos += kMaxRangeRequest) {
       const uint64_t n = std::min(kMaxRangeRequest, length - pos);
-      auto r = Issue([&](nbd_completion_callback cb, Request*) {
-        return nbd_aio_zero(h_, n, offset + pos, cb, flags);
+      auto r = Issue([&](nbd_handle* h, nbd_completion_callback cb, Request*) {
+        return nbd_aio_zero(h, n, offset + pos, cb, flags);
       });
       if (r.has_value()) issued.push_back(std::move(r).value());
       else s = r.error();
@@ -371,9 +349,10 @@ class NbdStorage final : public io::Storage {
       // need not map the whole range ahead (nbdkit's file plugin walks it
       // with SEEK_DATA/SEEK_HOLE: a 1 GiB query of a fragmented file cost
       // more than the reads it saved).
-      TD_ASSIGN_OR_RETURN(auto r, Issue([&](nbd_completion_callback cb, Request* req) {
+      TD_ASSIGN_OR_RETURN(auto r, Issue([&](nbd_handle* h, nbd_completion_callback cb,
+                                            Request* req) {
                             nbd_extent_callback ext{&OnExtents, req, nullptr};
-                            return nbd_aio_block_status(h_, n, query, ext, cb,
+                            return nbd_aio_block_status(h, n, query, ext, cb,
                                                         LIBNBD_CMD_FLAG_REQ_ONE);
                           }));
       std::vector<std::shared_ptr<Request>> one{r};
@@ -404,85 +383,31 @@ class NbdStorage final : public io::Storage {
     return size_;
   }
 
-  void Wake() {
-    uint64_t one = 1;
-    ssize_t n = ::write(wake_fd_, &one, sizeof one);
-    (void)n;  // a full counter still wakes the loop
-  }
-
-  // The event loop: polls the socket in the direction libnbd wants and the
-  // wake-up eventfd (written after every command issued elsewhere, which may
-  // have changed the direction), and feeds readiness to libnbd, whose
-  // completion callbacks wake the waiters.
-  void Loop() {
-    const int fd = nbd_aio_get_fd(h_);
-    while (true) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        if (stop_) return;
-      }
-      unsigned dir = nbd_aio_get_direction(h_);
-      pollfd fds[2] = {{fd, 0, 0}, {wake_fd_, POLLIN, 0}};
-      if (dir & LIBNBD_AIO_DIRECTION_READ) fds[0].events |= POLLIN;
-      if (dir & LIBNBD_AIO_DIRECTION_WRITE) fds[0].events |= POLLOUT;
-      if (::poll(fds, 2, -1) < 0) {
-        if (errno == EINTR) continue;
-        return MarkDead(std::string("poll: ") + std::strerror(errno));
-      }
-      if (fds[1].revents != 0) {
-        uint64_t v;
-        ssize_t n = ::read(wake_fd_, &v, sizeof v);
-        (void)n;
-      }
-      const short ev = fds[0].revents;
-      if (ev == 0) continue;
-      dir = nbd_aio_get_direction(h_);
-      int rc = 0;
-      if ((dir & LIBNBD_AIO_DIRECTION_READ) && (ev & (POLLIN | POLLHUP | POLLERR))) {
-        rc = nbd_aio_notify_read(h_);
-      } else if ((dir & LIBNBD_AIO_DIRECTION_WRITE) && (ev & (POLLOUT | POLLHUP | POLLERR))) {
-        rc = nbd_aio_notify_write(h_);
-      } else if (ev & (POLLHUP | POLLERR | POLLNVAL)) {
-        return MarkDead("the server closed the connection");
-      }
-      if (rc == -1) {
-        const char* msg = nbd_get_error();
-        return MarkDead(msg != nullptr ? msg : "the connection failed");
-      }
-      if (nbd_aio_is_dead(h_) == 1 || nbd_aio_is_closed(h_) == 1) {
-        return MarkDead("the server closed the connection");
-      }
-    }
-  }
-
-  void MarkDead(std::string why) {
-    std::lock_guard<std::mutex> lock(mu_);
-    dead_ = std::move(why);
-    cv_.notify_all();
-  }
-
   std::string uri_;
   bool read_only_;
-  nbd_handle* h_ = nullptr;
   // Fixed once connected.
+  bool server_read_only_ = false;
   uint64_t size_ = 0;
   uint64_t max_request_ = kDefaultMaxRequest;
   uint64_t min_block_ = 1;  // the server's minimum block size (a power of 2)
   bool can_flush_ = false;
   bool can_zero_ = false;
   bool have_allocation_ = false;
-  int wake_fd_ = -1;
-  std::thread loop_;
+  bool multi_conn_ = false;
   std::atomic<uint64_t> bytes_written_{0};
 
   // Writes of whole blocks share it; a read-modify-write of partial blocks
   // holds it alone.
   std::shared_mutex rmw_mu_;
 
+  // Guards every Request and connection state, and the two below.
   std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;  // guarded by mu_
-  std::string dead_;   // guarded by mu_: why the connection died, "" while alive
+  std::vector<Connection*> usable_;  // connections with a finished handshake; [0] the first
+  size_t next_ = 0;                  // round robin over usable_
+  bool extras_started_ = false;      // StartExtraConnections called
+  // Last, so they are destroyed (their loops stopped) first. Grown only
+  // by Connect and the one StartExtraConnections call.
+  std::vector<std::unique_ptr<Connection>> conns_;
 };
 
 }  // namespace

@@ -29,13 +29,17 @@
 //    blocks while no other write runs (the qcow2 engine writes 8-byte
 //    table entries).
 //
-// Concurrency: one connection per storage. Calls from any number of threads
-// issue nbd_aio_* commands on the handle (libnbd makes each call atomic)
-// and sleep until their own completion; one event-loop thread moves the
-// handle's state machine (poll + nbd_aio_notify_*), so many requests are in
-// flight at once on the one connection. When the connection dies (the
-// server went away), every waiting and later request fails with libnbd's
-// message.
+// Concurrency: calls from any number of threads issue nbd_aio_* commands
+// and sleep until their own completion (nbdclient/connection.h), so many
+// requests are in flight at once. When the server offers multi-conn, up to
+// four connections carry them, round robin: the first is made by OpenNbd,
+// the others once requests overlap (so info or map, asking one thing at a
+// time, make one), joining in the background when the server takes them (a
+// server that accepts fewer connections than it advertises just gets
+// fewer); a flush on one covers writes completed on all, as multi-conn
+// promises. When
+// a connection dies (the server went away), its waiting and later requests
+// fail with libnbd's message.
 //
 // Errors: one line naming the URI: "nbd+unix:///x?socket=/s: <libnbd or
 // server error>", with codes from the errno (ENOENT -> kNotFound, ...).

@@ -6,7 +6,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <fstream>
+#include <map>
 #include <numeric>
+#include <regex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -129,6 +134,114 @@ TEST_F(NbdStorageTest, ServerMinimumBlockSizeIsMetWithReadModifyWrite) {
   EXPECT_GT(hole, (256u << 10) + 16);
   EXPECT_EQ(hole % 4096, 0u);
   EXPECT_EQ(st.NextData((512 << 10) + 1).value(), 1u << 20);
+}
+
+// Commands per connection, by name ("Read", "Write", ...), from the log of
+// nbdkit's log filter: "connection=N Read id=...".
+std::map<int, std::map<std::string, int>> CommandsPerConnection(const std::string& log_file) {
+  std::ifstream in(log_file);
+  std::map<int, std::map<std::string, int>> out;
+  const std::regex line(R"(connection=(\d+) (\w+) id=)");
+  std::smatch m;
+  for (std::string l; std::getline(in, l);) {
+    if (std::regex_search(l, m, line)) ++out[std::stoi(m[1])][m[2]];
+  }
+  return out;
+}
+
+// nbdkit's memory plugin offers multi-conn: requests from many threads
+// travel on several connections (at most four), every byte written on one
+// reads back on the others, and a flush is sent once, not per connection.
+TEST_F(NbdStorageTest, MultiConnExportCarriesRequestsOnSeveralConnections) {
+  const std::string log = dir_.File("nbdkit.log");
+  auto server = Serve({"--filter=log", "memory", "16M", "logfile=" + log});
+  {
+    auto s = OpenNbd(server->uri(), false);
+    ASSERT_TRUE(s.has_value()) << s.error().message();
+    io::Storage& st = **s;
+    constexpr int kThreads = 8, kBlocks = 16;
+    std::atomic<int> failures{0};
+    auto each_block = [&](auto&& fn) {
+      std::vector<std::thread> threads;
+      for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+          for (int b = 0; b < kBlocks; ++b) {
+            if (!fn(uint64_t(b) * kThreads + t)) ++failures;
+          }
+        });
+      }
+      for (auto& th : threads) th.join();
+    };
+    each_block([&](uint64_t block) {
+      std::vector<uint8_t> buf(64 << 10, uint8_t(block + 1));
+      return st.WriteAt(block * buf.size(), buf).ok();
+    });
+    ASSERT_TRUE(st.Flush().ok());
+    // The overlapping writes opened the extra connections, which join in
+    // the background (a millisecond or so on a Unix socket).
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    each_block([&](uint64_t block) {
+      std::vector<uint8_t> back(64 << 10);
+      return st.ReadAt(block * back.size(), back).ok() &&
+             std::count(back.begin(), back.end(), uint8_t(block + 1)) == ptrdiff_t(back.size());
+    });
+    EXPECT_EQ(failures.load(), 0);
+  }
+  const auto per_connection = CommandsPerConnection(log);
+  int carrying = 0, writes = 0, reads = 0, flushes = 0;
+  for (const auto& [id, commands] : per_connection) {
+    auto count = [&](const char* name) {
+      auto it = commands.find(name);
+      return it == commands.end() ? 0 : it->second;
+    };
+    if (count("Read") + count("Write") > 0) ++carrying;
+    writes += count("Write");
+    reads += count("Read");
+    flushes += count("Flush");
+  }
+  EXPECT_GE(carrying, 2) << "requests all went over one connection";
+  EXPECT_LE(per_connection.size(), 4u);
+  EXPECT_EQ(writes, 8 * 16);
+  EXPECT_GE(reads, 8 * 16);
+  EXPECT_EQ(flushes, 1);
+}
+
+// One request at a time (as info and map ask) needs no second connection.
+TEST_F(NbdStorageTest, MultiConnExportUsedOneRequestAtATimeMakesOneConnection) {
+  const std::string log = dir_.File("nbdkit.log");
+  auto server = Serve({"--filter=log", "memory", "4M", "logfile=" + log});
+  {
+    auto s = OpenNbd(server->uri(), false);
+    ASSERT_TRUE(s.has_value()) << s.error().message();
+    std::vector<uint8_t> buf(4096, 9);
+    for (int i = 0; i < 32; ++i) {
+      ASSERT_TRUE((*s)->WriteAt(uint64_t(i) * 8192, buf).ok());
+      ASSERT_TRUE((*s)->ReadAt(uint64_t(i) * 8192, buf).ok());
+      ASSERT_TRUE((*s)->NextHole(uint64_t(i) * 8192).has_value());
+    }
+  }
+  EXPECT_EQ(CommandsPerConnection(log).size(), 1u);
+}
+
+// A server that takes one client at a time (nbdkit's limit filter closes
+// the others at once) but offers multi-conn: the extra connections fail in
+// the background, and everything runs on the first.
+TEST_F(NbdStorageTest, MultiConnExportThatTakesOneConnectionStillServes) {
+  auto server = Serve({"--filter=limit", "memory", "1M", "limit=1"});
+  auto s = OpenNbd(server->uri(), false);
+  ASSERT_TRUE(s.has_value()) << s.error().message();
+  io::Storage& st = **s;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::vector<uint8_t> buf(4096);
+  for (int i = 0; i < 16; ++i) {
+    std::fill(buf.begin(), buf.end(), uint8_t(i + 1));
+    ASSERT_TRUE(st.WriteAt(uint64_t(i) * 4096, buf).ok()) << i;
+  }
+  ASSERT_TRUE(st.Flush().ok());
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(st.ReadAt(uint64_t(i) * 4096, buf).ok()) << i;
+    EXPECT_EQ(std::count(buf.begin(), buf.end(), uint8_t(i + 1)), 4096) << i;
+  }
 }
 
 TEST_F(NbdStorageTest, ReadOnlyOpenRefusesWritesNamingTheUri) {
