@@ -79,10 +79,12 @@ std::string LoopMessage(const Chain& chain, const std::string& again) {
 
 // vmdk and vpc images are read, never written: a write open is refused
 // before the driver runs. A vmdk descriptor's extent files are opened
-// read-only, relative to the descriptor's directory.
+// read-only, relative to the descriptor's directory, and locked as the
+// descriptor is (its layer's `depth` in the chain).
 Result<std::unique_ptr<Device>> OpenImport(std::unique_ptr<io::Storage> storage,
                                            const std::string& filename, const std::string& format,
-                                           bool read_only, const OpenOptions& options) {
+                                           bool read_only, size_t depth,
+                                           const OpenOptions& options) {
   if (!read_only) {
     return Status::NotSupported(filename + ": " + ReadOnlyFormatMessage(format));
   }
@@ -91,13 +93,14 @@ Result<std::unique_ptr<Device>> OpenImport(std::unique_ptr<io::Storage> storage,
                         vhd::VhdImage::Open(std::move(storage), filename));
     return std::unique_ptr<Device>(std::move(image));
   }
-  auto open_extent = [&filename, &options](const std::string& name) -> Result<vmdk::OpenedExtent> {
+  auto open_extent = [&filename, &options,
+                      depth](const std::string& name) -> Result<vmdk::OpenedExtent> {
     vmdk::OpenedExtent extent;
     extent.path = ResolveBackingName(filename, name);
     io::OpenOptions io_options;
     io_options.read_only = true;
     io_options.cache = options.cache;
-    io_options.lock = LockFor(options, /*read_only=*/true, /*depth=*/1);
+    io_options.lock = LockFor(options, /*read_only=*/true, depth);
     TD_ASSIGN_OR_RETURN(extent.storage, options.open_file
                                             ? options.open_file(extent.path, io_options)
                                             : io::OpenFile(extent.path, io_options));
@@ -149,7 +152,7 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
   }
   if (format == "raw") return raw::OpenRaw(std::move(storage), read_only, filename);
   if (format == "vmdk" || format == "vpc") {
-    return OpenImport(std::move(storage), filename, format, read_only, options);
+    return OpenImport(std::move(storage), filename, format, read_only, chain.size() - 1, options);
   }
   if (format != "qcow2") {
     return Status::NotSupported(filename + ": unknown or unsupported format '" + format + "'");
