@@ -22,6 +22,7 @@
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_create.h"
+#include "cli/writeback.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/image.h"
 #include "qcow2/measure.h"
@@ -50,8 +51,14 @@ constexpr size_t kMaxCompressThreads = 8;
 
 class Converter {
  public:
-  Converter(block::Device& src, block::Device& dst, bool target_has_backing, Progress& progress)
-      : src_(src), dst_(dst), target_has_backing_(target_has_backing), progress_(progress) {}
+  // `writeback` (optional) is told what each plain copy step wrote.
+  Converter(block::Device& src, block::Device& dst, bool target_has_backing, Progress& progress,
+            BackgroundWriteback* writeback)
+      : src_(src),
+        dst_(dst),
+        target_has_backing_(target_has_backing),
+        progress_(progress),
+        writeback_(writeback) {}
 
   Status CopyPlain() {
     const uint64_t size = src_.size();
@@ -103,6 +110,7 @@ class Converter {
         break;
       }
       progress_.Update(std::min(size, (r + 1) * kCopyRun), size);
+      if (writeback_ != nullptr) writeback_->Wrote(slot.data_bytes);
     }
     for (std::thread& t : readers) t.join();
     return result;
@@ -171,6 +179,7 @@ class Converter {
     uint64_t begin = 0;
     std::vector<uint8_t> data;
     std::vector<Piece> pieces;
+    uint64_t data_bytes = 0;  // in kData pieces
     Status status;
     uint64_t run = 0;    // guarded by CopyPlain's mutex, with ready
     bool ready = false;  // fetched and not yet written
@@ -182,6 +191,7 @@ class Converter {
   Status Fetch(uint64_t begin, uint64_t end, FetchedRun& run) {
     run.begin = begin;
     run.pieces.clear();
+    run.data_bytes = 0;
     run.data.resize(end - begin);
     for (uint64_t offset = begin; offset < end;) {
       TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, end - offset));
@@ -194,6 +204,7 @@ class Converter {
         p.kind = Piece::Kind::kZero;  // zeros must hide the target's backing file
       } else {
         TD_RETURN_IF_ERROR(src_.Read(offset, std::span(run.data).subspan(offset - begin, n)));
+        run.data_bytes += n;
       }
       run.pieces.push_back(p);
       offset += n;
@@ -273,6 +284,7 @@ class Converter {
   block::Device& dst_;
   bool target_has_backing_;
   Progress& progress_;
+  BackgroundWriteback* writeback_;
 };
 
 class ConvertCommand final : public Subcommand {
@@ -356,12 +368,15 @@ class ConvertCommand final : public Subcommand {
     dst_options.format = dst_format_;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> dst, block::Open(dst_file_, dst_options));
     Progress progress(progress_ && !quiet_);
-    Converter converter(src, *dst, target_has_backing, progress);
+    BackgroundWriteback writeback(dst_file_);
+    Converter converter(src, *dst, target_has_backing, progress, &writeback);
     progress.Update(0, src.size());
     TD_RETURN_IF_ERROR(compress_ ? converter.CopyCompressed() : converter.CopyPlain());
     progress.Update(src.size(), src.size());
     progress.Finish();
-    return dst->Close();
+    Status written_back = writeback.Finish();
+    TD_RETURN_IF_ERROR(dst->Close());
+    return written_back;
   }
 
   std::string src_format_;
