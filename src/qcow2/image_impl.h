@@ -92,6 +92,9 @@ class ImageImpl final : public Image {
   // Queues the release of whatever host space `m` holds.
   void FreeMappingLocked(const L2Mapping& m);
   SubState StateOf(const L2Mapping& m, uint32_t sub) const;
+  // Whether [in_off, in_off + len) of a cluster mapped by `m` is all data
+  // in place (one host range).
+  bool AllData(const L2Mapping& m, uint64_t in_off, uint64_t len) const;
 
   // ---- read (image_read.cc) ----
   // Reads [in_off, in_off + out.size()) of guest cluster `gc` as mapped by m.

@@ -60,11 +60,33 @@ Status ImageImpl::ReadWithMapping(uint64_t gc, const L2Mapping& m, uint64_t in_o
   return Status::Ok();
 }
 
+bool ImageImpl::AllData(const L2Mapping& m, uint64_t in_off, uint64_t len) const {
+  if (m.kind != ClusterKind::kNormal) return false;
+  if (!extended_) return true;
+  const uint32_t first = uint32_t(in_off / scs()), last = uint32_t((in_off + len - 1) / scs());
+  for (uint32_t sub = first; sub <= last; ++sub) {
+    if (StateOf(m, sub) != SubState::kData) return false;
+  }
+  return true;
+}
+
 Status ImageImpl::Read(uint64_t offset, std::span<uint8_t> buf) {
   TD_RETURN_IF_ERROR(CheckRange(offset, buf.size()));
   // Holding the gate shared keeps every cluster we look up from being
   // freed (and so reused) until we have read it.
   std::shared_lock gate(free_gate_);
+  // Data pieces that follow each other on the host as in the guest are
+  // read in one go: a 1 MiB read of clusters allocated in order is one
+  // host read (and one readahead stream), not one per cluster.
+  struct Run {
+    uint64_t host = 0, done = 0, length = 0;  // host offset, offset in buf, bytes
+  } run;
+  auto read_run = [&]() -> Status {
+    if (run.length == 0) return Status::Ok();
+    Status s = storage_->ReadAt(run.host, buf.subspan(run.done, run.length));
+    run.length = 0;
+    return s;
+  };
   uint64_t done = 0;
   while (done < buf.size()) {
     uint64_t pos = offset + done;
@@ -76,10 +98,21 @@ Status ImageImpl::Read(uint64_t offset, std::span<uint8_t> buf) {
       std::lock_guard lock(mu_);
       TD_ASSIGN_OR_RETURN(m, LookupLocked(gc));
     }
-    TD_RETURN_IF_ERROR(ReadWithMapping(gc, m, in_off, buf.subspan(done, len)));
+    if (AllData(m, in_off, len)) {
+      const uint64_t host = m.host_offset + in_off;
+      if (run.length > 0 && run.host + run.length == host) {
+        run.length += len;
+      } else {
+        TD_RETURN_IF_ERROR(read_run());
+        run = {host, done, len};
+      }
+    } else {
+      TD_RETURN_IF_ERROR(read_run());
+      TD_RETURN_IF_ERROR(ReadWithMapping(gc, m, in_off, buf.subspan(done, len)));
+    }
     done += len;
   }
-  return Status::Ok();
+  return read_run();
 }
 
 }  // namespace thindisk::qcow2

@@ -1,0 +1,163 @@
+// The read path asks the host for as few reads as the layout allows: data
+// clusters that follow each other on the host as in the guest are one
+// read; anything else (holes, zeros, partial subclusters, compressed
+// clusters, a host gap) splits the request, and every byte still reads
+// back as written.
+#include <gtest/gtest.h>
+
+#include <mutex>
+#include <vector>
+
+#include "qcow2/image_test_util.h"
+
+namespace thindisk::qcow2 {
+namespace {
+
+using testing::Pattern;
+
+// Records the ReadAt calls made after Arm(), by (offset, length).
+class ReadRecorder : public io::Storage {
+ public:
+  explicit ReadRecorder(std::unique_ptr<io::Storage> inner) : inner_(std::move(inner)) {}
+  Status ReadAt(uint64_t o, std::span<uint8_t> b) override {
+    {
+      std::lock_guard lock(mu_);
+      if (armed_) reads_.push_back({o, b.size()});
+    }
+    return inner_->ReadAt(o, b);
+  }
+  Status WriteAt(uint64_t o, std::span<const uint8_t> b) override { return inner_->WriteAt(o, b); }
+  Status Flush() override { return inner_->Flush(); }
+  Result<uint64_t> Size() override { return inner_->Size(); }
+  Status Resize(uint64_t s) override { return inner_->Resize(s); }
+  Status Allocate(uint64_t o, uint64_t l) override { return inner_->Allocate(o, l); }
+  Status PunchHole(uint64_t o, uint64_t l) override { return inner_->PunchHole(o, l); }
+  Status ZeroRange(uint64_t o, uint64_t l) override { return inner_->ZeroRange(o, l); }
+  Result<uint64_t> NextData(uint64_t o) override { return inner_->NextData(o); }
+  Result<uint64_t> NextHole(uint64_t o) override { return inner_->NextHole(o); }
+  Result<uint64_t> AllocatedBytes() override { return inner_->AllocatedBytes(); }
+  uint64_t bytes_written() const override { return inner_->bytes_written(); }
+  const std::string& name() const override { return inner_->name(); }
+
+  void Arm() {
+    std::lock_guard lock(mu_);
+    armed_ = true;
+    reads_.clear();
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> reads() {
+    std::lock_guard lock(mu_);
+    return reads_;
+  }
+
+ private:
+  std::unique_ptr<io::Storage> inner_;
+  std::mutex mu_;
+  bool armed_ = false;
+  std::vector<std::pair<uint64_t, uint64_t>> reads_;
+};
+
+class ImageReadTest : public ::testing::TestWithParam<std::tuple<uint32_t, bool>> {
+ protected:
+  void SetUp() override {
+    CreateOptions co;
+    co.size = 64 << 20;
+    co.cluster_size = std::get<0>(GetParam());
+    co.extended_l2 = std::get<1>(GetParam());
+    auto storage = io::NewMemoryStorage("read.qcow2");
+    ASSERT_TRUE(Create(*storage, co).ok());
+    auto recorder = std::make_unique<ReadRecorder>(std::move(storage));
+    recorder_ = recorder.get();
+    auto image = Image::Open(std::move(recorder), {});
+    ASSERT_TRUE(image.has_value()) << image.status().ToString();
+    image_ = std::move(*image);
+  }
+  // Reads [offset, +length) with the recorder armed (the L2 table already
+  // cached by a first read), checks it against `want`, returns the host
+  // reads it took.
+  std::vector<std::pair<uint64_t, uint64_t>> ReadBack(uint64_t offset,
+                                                      const std::vector<uint8_t>& want) {
+    std::vector<uint8_t> got(want.size());
+    EXPECT_TRUE(image_->Read(offset, got).ok());  // warms the metadata
+    recorder_->Arm();
+    EXPECT_TRUE(image_->Read(offset, got).ok());
+    EXPECT_TRUE(got == want);
+    return recorder_->reads();
+  }
+  uint64_t cs() const { return std::get<0>(GetParam()); }
+
+  ReadRecorder* recorder_ = nullptr;
+  std::unique_ptr<Image> image_;
+};
+
+TEST_P(ImageReadTest, ClustersWrittenInOrderAreOneHostRead) {
+  // A first write allocates its data cluster and then the L2 table: write
+  // one cluster under the same L2 table first (just past the run), so the
+  // run is contiguous on the host.
+  ASSERT_TRUE(image_->Write((5 << 20) + cs(), Pattern(9, cs())).ok());
+  const auto data = Pattern(1, 1 << 20);
+  ASSERT_TRUE(image_->Write(4 << 20, data).ok());
+  const auto reads = ReadBack(4 << 20, data);
+  ASSERT_EQ(reads.size(), 1u);
+  EXPECT_EQ(reads[0].second, 1u << 20);
+  // Unaligned inside the same run: still one read, of just those bytes.
+  std::vector<uint8_t> part(data.begin() + 1000, data.begin() + 1000 + 3 * cs());
+  const auto unaligned = ReadBack((4 << 20) + 1000, part);
+  ASSERT_EQ(unaligned.size(), 1u);
+  EXPECT_EQ(unaligned[0], std::make_pair(reads[0].first + 1000, uint64_t(3 * cs())));
+}
+
+TEST_P(ImageReadTest, ClustersOutOfHostOrderSplitTheRead) {
+  // Guest clusters 1 then 0: the host holds them the other way round.
+  const auto a = Pattern(2, cs()), b = Pattern(3, cs());
+  ASSERT_TRUE(image_->Write(cs(), b).ok());
+  ASSERT_TRUE(image_->Write(0, a).ok());
+  std::vector<uint8_t> want(a);
+  want.insert(want.end(), b.begin(), b.end());
+  EXPECT_EQ(ReadBack(0, want).size(), 2u);
+}
+
+TEST_P(ImageReadTest, HolesZerosAndCompressedClustersBreakRuns) {
+  // Data, hole, data, zeroed, data, compressed, data: the data clusters are
+  // read one by one, never across the others (clusters 2 and 4 are next to
+  // each other on the host, the zeroed cluster between them in the guest);
+  // the compressed one comes from the decompressed-cluster cache.
+  std::vector<uint8_t> want(7 * cs(), 0);
+  for (uint64_t c : {0u, 2u, 4u, 6u}) {
+    const auto d = Pattern(10 + c, cs());
+    ASSERT_TRUE(image_->Write(c * cs(), d).ok());
+    std::copy(d.begin(), d.end(), want.begin() + ptrdiff_t(c * cs()));
+  }
+  ASSERT_TRUE(image_->WriteZeroes(3 * cs(), cs()).ok());
+  std::vector<uint8_t> text(cs());
+  for (size_t i = 0; i < text.size(); ++i) text[i] = uint8_t("compressible "[i % 13]);
+  ASSERT_TRUE(image_->WriteCompressed(5 * cs(), text).ok());
+  std::copy(text.begin(), text.end(), want.begin() + ptrdiff_t(5 * cs()));
+  const auto reads = ReadBack(0, want);
+  ASSERT_EQ(reads.size(), 4u);
+  for (const auto& [offset, length] : reads) EXPECT_EQ(length, cs()) << "at host " << offset;
+}
+
+TEST_P(ImageReadTest, PartlyWrittenSubclustersAreReadPieceByPiece) {
+  if (!std::get<1>(GetParam())) GTEST_SKIP() << "subclusters need extended L2";
+  // 4 KiB into cluster 1 (one subcluster at most), then clusters 2-3 whole:
+  // cluster 1 is not all data, so it is read apart from 2-3.
+  const uint64_t scs = cs() / 32;
+  const auto small = Pattern(20, scs), whole = Pattern(21, 2 * cs());
+  ASSERT_TRUE(image_->Write(cs(), small).ok());
+  ASSERT_TRUE(image_->Write(2 * cs(), whole).ok());
+  std::vector<uint8_t> want(4 * cs(), 0);
+  std::copy(small.begin(), small.end(), want.begin() + ptrdiff_t(cs()));
+  std::copy(whole.begin(), whole.end(), want.begin() + ptrdiff_t(2 * cs()));
+  const auto reads = ReadBack(cs(), std::vector<uint8_t>(want.begin() + ptrdiff_t(cs()), want.end()));
+  ASSERT_EQ(reads.size(), 2u);
+  EXPECT_EQ(reads[0].second, scs);
+  EXPECT_EQ(reads[1].second, 2 * cs());
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ImageReadTest,
+                         ::testing::Values(std::make_tuple(65536u, false),
+                                           std::make_tuple(131072u, true),
+                                           std::make_tuple(4096u, false)));
+
+}  // namespace
+}  // namespace thindisk::qcow2
