@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -37,6 +38,11 @@ Result<PhaseRun> RunThreaded(const std::vector<Op>& ops, uint32_t qd, uint64_t s
   std::mutex error_mu;
   Status first_error;
   std::vector<LatencyLog> logs(qd);
+  // Workers still running; the last one to leave wakes the progress loop,
+  // so the phase ends when its work does, not at the next progress tick.
+  std::mutex running_mu;
+  std::condition_variable all_done;
+  uint32_t running = qd;
   const Clock::time_point start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(limits.max_seconds));
@@ -67,15 +73,18 @@ Result<PhaseRun> RunThreaded(const std::vector<Op>& ops, uint32_t qd, uint64_t s
       bytes += op.length;
       ++done;
     }
+    std::lock_guard lock(running_mu);
+    if (--running == 0) all_done.notify_all();
   };
 
   std::vector<std::thread> threads;
   for (uint32_t i = 0; i < qd; ++i) threads.emplace_back(worker, i);
   if (progress) {
-    while (done.load() < total && !stop.load()) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-      if (limits.max_seconds > 0 && Clock::now() >= deadline) break;
+    std::unique_lock lock(running_mu);
+    while (!all_done.wait_for(lock, std::chrono::milliseconds(100), [&] { return running == 0; })) {
+      lock.unlock();
       progress(done.load(), total);
+      lock.lock();
     }
   }
   for (std::thread& t : threads) t.join();

@@ -68,5 +68,18 @@ TEST(RunThreadedTest, FirstErrorStopsTheRunAndNamesTheOffset) {
   EXPECT_LT(calls.load(), 1000);
 }
 
+// A phase ends when its last op does: the 100 ms progress tick must not
+// round it up (it did, and made short phases at high QD look slow).
+TEST(RunThreadedTest, ProgressDoesNotPadTheTimedPhase) {
+  std::vector<Op> ops = SequentialOps(0, 4 * 4096, 4096);
+  uint64_t last_done = 0;
+  auto run = RunThreaded(
+      ops, 2, 1, RunLimits{}, [&](uint64_t done, uint64_t) { last_done = done; },
+      [](const Op&, std::span<uint8_t>) { return Status::Ok(); }, nullptr);
+  ASSERT_TRUE(run.has_value()) << run.error().ToString();
+  EXPECT_EQ(last_done, ops.size());
+  EXPECT_LT(run->seconds, 0.1);  // four no-ops; a tick alone is 0.1 s
+}
+
 }  // namespace
 }  // namespace thindisk::bench
