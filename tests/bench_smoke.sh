@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # smoke.bench: `thindisk bench` keeps running and reporting sane figures.
-# In-process on a tiny image for every workload, --seed-demo at tiny size,
+# In-process on a tiny image for every default workload, W9 on slow
+# storage (--latency), --seed-demo at tiny size,
 # bad options, and once with --uri against `thindisk serve` on a Unix
 # socket. Figures are checked for presence and sanity with jq, never for
 # speed (no timed assertions).
@@ -33,10 +34,21 @@ check inproc.json '[.results[6:][] | select(.variant | endswith("random")) | .ou
   "random data does not compress"
 compgen -G "$TMP/thindisk-bench-*" >/dev/null && fail "bench left its images behind"
 
+log "W9 on 1 ms storage, QD 1 and --qd"
+"$TD" bench "$TMP" --latency 1ms --workloads W9 --size 1M --qd 8 --ops 64 --output json -q >w9.json
+check w9.json '.latency_us == 1000 and [.results[] | [.id, .variant, .qd]] == [["W9","qd1",1],["W9","qd8",8]]' \
+  "W9 reports QD 1 and QD --qd, and the latency"
+check w9.json 'all(.results[]; .ops == 64 and .iops > 0 and .p50_us >= 1000
+  and .write_amplification == null)' "W9 figures are positive, --ops caps each phase, reads wait the latency"
+check inproc.json '.latency_us == 0' "no latency by default"
+
 log "human output, layout options"
 "$TD" bench "$TMP" --size 1M --workloads W2,W4 --cluster-size 64k --extended-l2 off -q >human.txt
 grep -q "cluster_size 65536, extended_l2 off" human.txt || { cat human.txt >&2; fail "layout not reported"; }
 grep -q "^W4 " human.txt || { cat human.txt >&2; fail "no W4 row"; }
+"$TD" bench "$TMP" --size 1M --workloads W9 --qd 2 --latency 500us -q >human9.txt
+grep -q ", latency 500us" human9.txt || { cat human9.txt >&2; fail "latency not reported"; }
+grep -q "^W9  qd2 " human9.txt || { cat human9.txt >&2; fail "no W9 qd2 row"; }
 
 log "--seed-demo, 1 MiB"
 # At 1 MiB one 2 MiB L2 table and refcount block (written whole at the
@@ -64,13 +76,15 @@ check demo.json '[.seed_demo.layouts[].passes[] | (.amplification_explanation
   | length == 6 and all' "the amplification explanations open with the measured amplification"
 
 log "bad options exit 1 with a message"
-for args in "--workloads W9" "--size 100" "--qd 0" "--output xml" "--seed-demo --uri nbd://127.0.0.1" \
+for args in "--workloads W7" "--latency fast" "--latency 1" "--latency 1ms --uri nbd://127.0.0.1" \
+            "--uri nbd://127.0.0.1 --workloads W9" "--size 100" "--qd 0" "--output xml" "--seed-demo --uri nbd://127.0.0.1" \
             "--server-pid 1" "--uri nbd://127.0.0.1 --workloads W6" "-o backing_file=x"; do
   rc=0
   # shellcheck disable=SC2086  # split on purpose
   "$TD" bench $args >bad.out 2>bad.err || rc=$?
   [[ $rc == 1 ]] || fail "bench $args: exit $rc, want 1"
   grep -q "thindisk:" bad.err || fail "bench $args: no error message"
+  [[ $args != --latency* ]] || grep -q -- "--latency" bad.err || fail "bench $args: error does not name --latency"
 done
 "$TD" bench --help | grep -q "Examples:" || fail "--help has no examples"
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "block/open.h"
+#include "io/latency_storage.h"
 #include "io/storage.h"
 
 namespace thindisk::bench {
@@ -24,12 +25,14 @@ Status CreateQcow2(const std::string& path, const qcow2::CreateOptions& options)
 }
 
 Result<std::unique_ptr<block::Device>> OpenCounted(const std::string& path,
-                                                   std::shared_ptr<HostCounters> counters) {
+                                                   std::shared_ptr<HostCounters> counters,
+                                                   std::chrono::microseconds latency) {
   block::OpenOptions o;
   o.format = "qcow2";
-  o.open_file = [counters](const std::string& file, const io::OpenOptions& options)
+  o.open_file = [counters, latency](const std::string& file, const io::OpenOptions& options)
       -> Result<std::unique_ptr<io::Storage>> {
     TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> inner, io::OpenFile(file, options));
+    if (latency.count() > 0) inner = std::make_unique<io::LatencyStorage>(std::move(inner), latency);
     return std::unique_ptr<io::Storage>(std::make_unique<CountingStorage>(std::move(inner), counters));
   };
   return block::Open(path, o);

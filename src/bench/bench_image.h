@@ -1,11 +1,13 @@
 // Images for in-process runs: created fresh with a given qcow2 layout and
 // opened through block::Open with a CountingStorage under every layer, so a
-// workload can charge host writes to itself.
+// workload can charge host writes to itself, and optionally a
+// LatencyStorage under that (slow host storage, `bench --latency`).
 //
 // Thread safety: the functions are reentrant; the returned device follows
 // block::Device.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -22,9 +24,15 @@ namespace thindisk::bench {
 Status CreateQcow2(const std::string& path, const qcow2::CreateOptions& options);
 
 // Opens the qcow2 image `path` read-write (with its backing chain), every
-// layer's host file counted into `counters`.
+// layer's host file counted into `counters`. A non-zero `latency` makes
+// every layer's host file slow: engine -> CountingStorage ->
+// LatencyStorage -> file. The latency sits under the counter because it is
+// a property of the host storage: the counter still sees exactly the
+// requests the engine makes (the latency adds none and drops none), and
+// counts a write only once the slow host has acknowledged it.
 Result<std::unique_ptr<block::Device>> OpenCounted(const std::string& path,
-                                                   std::shared_ptr<HostCounters> counters);
+                                                   std::shared_ptr<HostCounters> counters,
+                                                   std::chrono::microseconds latency = {});
 
 // Bytes the host has allocated for `path` (st_blocks * 512).
 Result<uint64_t> AllocatedFileBytes(const std::string& path);

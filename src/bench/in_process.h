@@ -1,7 +1,8 @@
 // Target (a): the workloads run in this process against fresh qcow2 images
 // created in a scratch directory, through the real engine (block::Open),
 // with a CountingStorage under each image for host write amplification and
-// this process's CPU time per op.
+// this process's CPU time per op, and (with `latency`) a LatencyStorage
+// under that, so every host request of every image waits the latency.
 //
 // Per workload (DESIGN.md), each on a fresh image of max(4 GiB, size):
 //   W1 read [0, size) in 1 MiB requests, never written.
@@ -12,10 +13,15 @@
 //   W5 a base written in full, an overlay on it, W2's pattern on the overlay.
 //   W6 min(size, 256 MiB) of text-like corpus and of random bytes written
 //      with Image::WriteCompressed, per codec (zlib, zstd).
+//   W9 set-up (untimed): [0, size) written in 1 MiB requests and flushed;
+//      then 4 KiB reads of every block of [0, size) in seeded random order,
+//      at QD 1 and at QD qd, on the same image. Each phase is bounded by
+//      the limits on its own.
 //
 // Thread safety: RunInProcess is reentrant (separate scratch directories).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -45,6 +51,7 @@ struct WorkloadOptions {
 
 struct InProcessOptions : WorkloadOptions {
   std::string dir;              // parent of the scratch directory
+  std::chrono::microseconds latency{0};  // per host request (io::LatencyStorage); 0: none
   qcow2::CreateOptions layout;  // everything but size (set per image)
   bool keep_images = false;     // leave the scratch directory behind
 };

@@ -235,6 +235,9 @@ Result<Report> RunRemote(const RemoteOptions& o) {
       return Status::InvalidArgument(std::string(WorkloadId(w)) +
                                      " creates images, so it runs in-process only (drop --uri)");
     }
+    if (w == Workload::kW9RandRead) {
+      return Status::InvalidArgument("W9 runs in-process only (drop --uri)");
+    }
   }
   TD_ASSIGN_OR_RETURN(std::unique_ptr<Connection> conn, Connection::Open(o.uri));
   RemoteOptions clipped = o;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "bench/duration.h"
+
 namespace thindisk::bench {
 namespace {
 
@@ -25,6 +27,7 @@ nlohmann::json ToJson(const Report& report) {
   if (report.has_layout) {
     j["layout"] = {{"cluster_size", report.cluster_size}, {"extended_l2", report.extended_l2}};
   }
+  if (report.latency_us.has_value()) j["latency_us"] = *report.latency_us;
   j["results"] = nlohmann::json::array();
   for (const WorkloadResult& r : report.results) {
     const PhaseFigures& f = r.figures;
@@ -86,6 +89,9 @@ std::string ToHuman(const Report& report) {
   if (report.has_layout) {
     out += fmt::format(", cluster_size {}, extended_l2 {}", report.cluster_size,
                        report.extended_l2 ? "on" : "off");
+  }
+  if (report.latency_us.has_value()) {
+    out += ", latency " + FormatDuration(std::chrono::microseconds(*report.latency_us));
   }
   out += "\n\n";
   out += fmt::format("{:<3} {:<11} {:>3} {:>10} {:>10} {:>9} {:>9} {:>7} {:>7} {:>9} {:>7}  {}\n", "id",

@@ -1,10 +1,11 @@
 // The bench report: one WorkloadResult per workload run (a workload may
-// run in variants: W2 at QD 1 and QD N, W6 per codec and corpus), the
+// run in variants: W2 and W9 at QD 1 and QD N, W6 per codec and corpus), the
 // seed-demo rows, and their JSON and human renderings.
 //
 // JSON shape (stable; tests/bench_smoke.sh checks it):
 //   {"target": "in-process" | URI, "size": N, "qd": N, "seed": N,
 //    "layout": {"cluster_size": N, "extended_l2": bool},       (in-process)
+//    "latency_us": N,        (in-process: added to every host request, 0: none)
 //    "results": [{"id": "W2", "title": "...", "variant": "qd16", "qd": 16,
 //                 "ops": N, "bytes": N, "seconds": x, "flush_seconds": x,
 //                 "mb_per_s": x, "iops": x, "p50_us": x, "p99_us": x,
@@ -34,7 +35,7 @@
 namespace thindisk::bench {
 
 struct WorkloadResult {
-  std::string id;       // "W1".."W6"
+  std::string id;       // "W1".."W6", "W9"
   std::string title;
   std::string variant;  // "qd16", "zstd text", ...
   uint32_t qd = 1;
@@ -58,6 +59,7 @@ struct Report {
   bool has_layout = false;
   uint32_t cluster_size = 0;
   bool extended_l2 = false;
+  std::optional<uint64_t> latency_us;  // in-process: io::LatencyStorage's latency
   std::vector<WorkloadResult> results;
 };
 

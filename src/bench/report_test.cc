@@ -66,7 +66,20 @@ TEST(ReportJsonTest, RemoteHasNoLayout) {
   report.target = "nbd+unix:///?socket=/tmp/s";
   nlohmann::json j = ToJson(report);
   EXPECT_FALSE(j.contains("layout"));
+  EXPECT_FALSE(j.contains("latency_us"));
   EXPECT_TRUE(j["results"].is_array());
+}
+
+TEST(ReportTest, LatencyIsASettingInJsonAndHuman) {
+  Report report;
+  report.latency_us = 1000;
+  EXPECT_EQ(ToJson(report)["latency_us"], 1000);
+  EXPECT_NE(ToHuman(report).find(", latency 1ms\n"), std::string::npos) << ToHuman(report);
+  report.latency_us = 500;
+  EXPECT_NE(ToHuman(report).find(", latency 500us\n"), std::string::npos) << ToHuman(report);
+  report.latency_us = 0;
+  EXPECT_EQ(ToJson(report)["latency_us"], 0);
+  EXPECT_NE(ToHuman(report).find(", latency 0\n"), std::string::npos) << ToHuman(report);
 }
 
 TEST(ReportJsonTest, SeedDemoShape) {

@@ -8,7 +8,7 @@
 namespace thindisk::bench {
 
 std::string_view WorkloadId(Workload w) {
-  static constexpr std::string_view kIds[kWorkloadCount] = {"W1", "W2", "W3", "W4", "W5", "W6"};
+  static constexpr std::string_view kIds[kWorkloadCount] = {"W1", "W2", "W3", "W4", "W5", "W6", "W9"};
   return kIds[int(w)];
 }
 
@@ -20,6 +20,7 @@ std::string_view WorkloadTitle(Workload w) {
     case Workload::kW4SeqWrite: return "sequential write, 1 MiB blocks, then flush";
     case Workload::kW5CloneWrite: return "4 KiB random writes into a clone of a written base";
     case Workload::kW6Compress: return "compressed convert of a text corpus and random data";
+    case Workload::kW9RandRead: return "4 KiB random reads of written data";
   }
   return "?";
 }
@@ -30,13 +31,19 @@ Result<std::vector<Workload>> ParseWorkloads(std::string_view text) {
   while (pos <= text.size()) {
     size_t comma = std::min(text.find(',', pos), text.size());
     std::string_view item = text.substr(pos, comma - pos);
-    bool ok = item.size() == 2 && (item[0] == 'W' || item[0] == 'w') && item[1] >= '1' &&
-              item[1] <= char('0' + kWorkloadCount);
-    if (!ok) {
-      return Status::InvalidArgument("unknown workload '" + std::string(item) +
-                                     "' (expected W1..W6, comma-separated)");
+    int found = -1;
+    for (int i = 0; i < kWorkloadCount; ++i) {
+      std::string_view id = WorkloadId(Workload(i));
+      if (item.size() == id.size() && std::toupper(static_cast<unsigned char>(item[0])) == id[0] &&
+          item.substr(1) == id.substr(1)) {
+        found = i;
+      }
     }
-    wanted[item[1] - '1'] = true;
+    if (found < 0) {
+      return Status::InvalidArgument("unknown workload '" + std::string(item) +
+                                     "' (expected W1..W6 or W9, comma-separated)");
+    }
+    wanted[found] = true;
     pos = comma + 1;
   }
   std::vector<Workload> out;

@@ -1,4 +1,4 @@
-// The benchmark workloads (DESIGN.md W1-W6) as plain data: which ones to run
+// The benchmark workloads (DESIGN.md W1-W6, and W9) as plain data: which ones to run
 // and the operation lists they issue, generated deterministically from a
 // seed so two runs (or a run and its replay) issue the same offsets.
 //
@@ -22,16 +22,17 @@ enum class Workload {
   kW4SeqWrite,      // sequential 1 MiB writes, then flush
   kW5CloneWrite,    // 4 KiB random writes into a clone of a written base
   kW6Compress,      // compressed convert of a text corpus and random data
+  kW9RandRead,      // 4 KiB random reads of written data (W7, W8 are bench/compare rows)
 };
-inline constexpr int kWorkloadCount = 6;
+inline constexpr int kWorkloadCount = 7;
 
-// "W1".."W6".
+// "W1".."W6", "W9".
 std::string_view WorkloadId(Workload w);
 // One line: what the workload does.
 std::string_view WorkloadTitle(Workload w);
 
-// Parses "W1,W3,w5" (case-insensitive, any order, duplicates allowed) into
-// the workloads in W1..W6 order. Errors (kInvalidArgument) name the bad item.
+// Parses "W1,W3,w9" (case-insensitive, any order, duplicates allowed) into
+// the workloads in W1..W6, W9 order. Errors (kInvalidArgument) name the bad item.
 Result<std::vector<Workload>> ParseWorkloads(std::string_view text);
 
 // One request of a phase; the phase says whether it reads or writes.

@@ -65,8 +65,18 @@ TEST(ParseWorkloadsTest, AcceptsListsInAnyOrderAndCase) {
   EXPECT_EQ(WorkloadId((*w)[1]), "W3");
 }
 
+TEST(ParseWorkloadsTest, W9ComesAfterW6) {
+  auto w = ParseWorkloads("w9,W2,W6");
+  ASSERT_TRUE(w.has_value());
+  ASSERT_EQ(w->size(), 3u);
+  EXPECT_EQ((*w)[0], Workload::kW2FirstWrite);
+  EXPECT_EQ((*w)[1], Workload::kW6Compress);
+  EXPECT_EQ((*w)[2], Workload::kW9RandRead);
+  EXPECT_EQ(WorkloadId(Workload::kW9RandRead), "W9");
+}
+
 TEST(ParseWorkloadsTest, RejectsUnknownNames) {
-  for (const char* bad : {"W7", "W0", "X1", "", "W1,", "W12"}) {
+  for (const char* bad : {"W7", "W8", "W0", "X1", "", "W1,", "W12", "W99", "9"}) {
     auto w = ParseWorkloads(bad);
     ASSERT_FALSE(w.has_value()) << bad;
     EXPECT_EQ(w.error().code(), Code::kInvalidArgument);

@@ -1,14 +1,17 @@
-// thindisk bench: the DESIGN.md workloads W1-W6 on fresh images in-process,
-// or W1-W4 against any NBD server (--uri); --seed-demo reproduces the
+// thindisk bench: the DESIGN.md workloads W1-W6 and W9 on fresh images
+// in-process (optionally on slow storage, --latency), or W1-W4 against any
+// NBD server (--uri); --seed-demo reproduces the
 // project's seed experiment. The work is in src/bench; this file turns
 // flags into its options and prints the report.
 #include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <optional>
 
+#include "bench/duration.h"
 #include "bench/in_process.h"
 #include "bench/remote.h"
 #include "bench/report.h"
@@ -27,6 +30,13 @@ constexpr const char* kBenchHelp = R"(Workloads (fresh image each, virtual size 
   W5  4 KiB random writes into a clone of a fully written base       IOPS, write amplification
   W6  compressed convert (zlib, zstd) of a text corpus and random    MB/s, output/input
       data, min(--size, 256 MiB) each (in-process only)
+  W9  4 KiB random reads of written data (QD 1 and --qd), after     IOPS
+      writing --size in 1 MiB requests and flushing (untimed);
+      in-process only, not in the default list
+--ops and --runtime bound each phase (W2 and W9: each queue depth) on its own.
+--latency adds a delay to every host request of every image (a slow
+network or distributed store, e.g. 1ms): requests in flight then decide
+the figures, so QD 1 against --qd shows what concurrency gains.
 Write phases end with a flush, included in their time. Space amplification
 = allocated file bytes / guest bytes; write amplification = host bytes
 written / guest bytes (in-process: counted under the engine; --uri: the
@@ -36,6 +46,7 @@ Examples:
   thindisk bench /var/tmp --size 1G
   thindisk bench --size 64M --workloads W2,W3 --qd 1 --output json
   thindisk bench /var/tmp -o cluster_size=64k,extended_l2=off
+  thindisk bench --latency 1ms --workloads W2,W9 --qd 32 --size 64M --ops 4096
   thindisk bench --uri 'nbd+unix:///?socket=/tmp/nbd.sock' --server-pid 1234 --image disk.qcow2
   thindisk bench --seed-demo /var/tmp --size 16M)";
 
@@ -65,14 +76,14 @@ class LabelledProgress {
 class BenchCommand final : public Subcommand {
  public:
   CLI::App* Register(CLI::App& app) override {
-    CLI::App* sub = app.add_subcommand("bench", "Measure the seed workloads (W1-W6) in-process or over NBD");
+    CLI::App* sub = app.add_subcommand("bench", "Measure the seed workloads (W1-W6, W9) in-process or over NBD");
     sub->footer(kBenchHelp);
     sub->add_option("dir", dir_, "Directory for the fresh images (default /var/tmp, else the cwd)");
     sub->add_option("--uri", uri_, "Benchmark an NBD server instead (nbd+unix:///?socket=..., nbd://host:port)");
     sub->add_option("-o,--options", option_strings_, "qcow2 create options for the images (key=value,...)");
     sub->add_option("--cluster-size", cluster_size_text_, "Cluster size of the images (default 128k)");
     sub->add_option("--extended-l2", extended_l2_text_, "Subclusters: on (default) or off");
-    sub->add_option("--workloads", workloads_text_, "Comma-separated W1..W6 (default: all the target supports)");
+    sub->add_option("--workloads", workloads_text_, "Comma-separated W1..W6, W9 (default: W1-W6, or W1-W4 with --uri)");
     sub->add_option("--size", size_text_, "Guest bytes per workload (default 1G; --seed-demo: 64M)");
     sub->add_option("--qd", qd_, "Queue depth: worker threads in-process, requests in flight over NBD")
         ->check(CLI::Range(1, 256));
@@ -80,6 +91,8 @@ class BenchCommand final : public Subcommand {
     sub->add_option("--runtime", runtime_, "Stop each phase after this many seconds (0: no limit)")
         ->check(CLI::NonNegativeNumber);
     sub->add_option("--ops", max_ops_, "Stop each phase after this many requests (0: no limit)");
+    sub->add_option("--latency", latency_text_,
+                    "In-process: delay every host request by this much (1ms, 500us; default 0)");
     sub->add_option("--output", output_, "Report format: human (default) or json")
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_option("--server-pid", server_pid_, "With --uri: the server's pid, for host writes and CPU per op");
@@ -129,6 +142,7 @@ class BenchCommand final : public Subcommand {
       o.dir = Dir();
       TD_ASSIGN_OR_RETURN(o.layout, Layout());
       o.keep_images = keep_;
+      o.latency = latency_;
       TD_ASSIGN_OR_RETURN(report, bench::RunInProcess(o));
     }
     progress.Finish();
@@ -146,6 +160,17 @@ class BenchCommand final : public Subcommand {
                                      "with --uri the server's image is used as it is");
     }
     if (remote && seed_demo_) return Status::InvalidArgument("--seed-demo runs in-process only (drop --uri)");
+    if (!latency_text_.empty()) {
+      if (remote) {
+        return Status::InvalidArgument("--latency slows in-process images; with --uri the server's "
+                                       "storage is used as it is (drop --latency)");
+      }
+      if (seed_demo_) {
+        return Status::InvalidArgument("--seed-demo reproduces the seed on real storage; "
+                                       "drop --latency");
+      }
+      TD_ASSIGN_OR_RETURN(latency_, bench::ParseDuration(latency_text_, "--latency"));
+    }
     if (!remote && (server_pid_ != 0 || !image_.empty())) {
       return Status::InvalidArgument("--server-pid and --image describe an NBD server: they need --uri");
     }
@@ -173,6 +198,9 @@ class BenchCommand final : public Subcommand {
         if (w == bench::Workload::kW5CloneWrite || w == bench::Workload::kW6Compress) {
           return Status::InvalidArgument(std::string(bench::WorkloadId(w)) +
                                          " creates images, so it runs in-process only (drop --uri)");
+        }
+        if (w == bench::Workload::kW9RandRead) {
+          return Status::InvalidArgument("W9 runs in-process only (drop --uri)");
         }
       }
     }
@@ -221,6 +249,8 @@ class BenchCommand final : public Subcommand {
   uint64_t seed_ = 1;
   double runtime_ = 0;
   uint64_t max_ops_ = 0;
+  std::string latency_text_;
+  std::chrono::microseconds latency_{0};
   std::string output_ = "human";
   pid_t server_pid_ = 0;
   std::string image_;
