@@ -36,14 +36,16 @@ TEST(LatencyStorage, ResultsAreTheInnerStoragesResults) {
   std::vector<uint8_t> data(3 * MemoryStorage::kChunkSize, 7);
   ASSERT_TRUE(slow->WriteAt(MemoryStorage::kChunkSize, data).ok());
   ASSERT_TRUE(slow->ZeroRange(MemoryStorage::kChunkSize, 100).ok());
-  ASSERT_TRUE(slow->PunchHole(2 * MemoryStorage::kChunkSize, MemoryStorage::kChunkSize).ok());
+  ASSERT_TRUE(
+      slow->PunchHole(2 * MemoryStorage::kChunkSize, MemoryStorage::kChunkSize).ok());
   ASSERT_TRUE(slow->Allocate(0, 10 * MemoryStorage::kChunkSize).ok());
   ASSERT_TRUE(slow->Flush().ok());
 
   EXPECT_EQ(*slow->Size(), *inner->Size());
   EXPECT_EQ(*slow->Size(), 10 * MemoryStorage::kChunkSize);
   EXPECT_EQ(*slow->NextData(0), *inner->NextData(0));
-  EXPECT_EQ(*slow->NextHole(MemoryStorage::kChunkSize), *inner->NextHole(MemoryStorage::kChunkSize));
+  EXPECT_EQ(*slow->NextHole(MemoryStorage::kChunkSize),
+            *inner->NextHole(MemoryStorage::kChunkSize));
   EXPECT_EQ(*slow->AllocatedBytes(), *inner->AllocatedBytes());
   EXPECT_EQ(slow->bytes_written(), inner->bytes_written());
   EXPECT_GT(slow->bytes_written(), 0u);
