@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # smoke.bench_compare: bench/compare runs end to end at a tiny size (every
 # target, every workload, one run) and prints a complete table: the header,
-# a figure in every column of every row that exists today, the W6 rows, the
-# N1 row (convert off an NBD export), and
-# a `targets: N PASS, M MISS` line that counts the checks the rows list.
+# a figure in every column of every row that exists today (W9 and W11: in
+# the columns of their targets, "-" in the others), the W6 rows, the N1 row
+# (convert off an NBD export), and a `targets: N PASS, M MISS` line that
+# counts the checks the rows list. Then ROWS=W9 alone: the W9 row and no
+# other; and an unknown row is refused.
 # It never asks for PASS: figures from a run this small are noise.
 #
 # Environment: THINDISK (the binary), BENCH_SCRIPTS (the bench/ folder;
@@ -19,7 +21,8 @@ enter_temp_dir td-bench
 log "bench/compare, one run at SIZE=8M"
 # The knobs of its header (the settings: line echoes them), and the page
 # cache left alone (dropping it needs root and slows everyone's machine).
-settings=(RUNS=1 SIZE=8M VSIZE=64M OPS=128 RUNTIME=10 W6_SIZE=2M N1_SIZE=8M)
+settings=(RUNS=1 SIZE=8M VSIZE=64M OPS=128 RUNTIME=10 W6_SIZE=2M N1_SIZE=8M
+  W9_OPS=64 W11_BASE=16M W11_READ=512K W11_WRITE=128K)
 rc=0
 env -u KEEP -u REPORT -u RESULTS_OUT "${settings[@]}" W8_OPS=16 DROP_CACHES=0 THINDISK="$TD" BENCH_DIR="$TMP" \
   bash "$BENCH_SCRIPTS/compare" >compare.out 2>compare.err || rc=$?
@@ -69,7 +72,8 @@ head, w6 = first("row "), first("W6 convert -c")
 if head is None or w6 is None or w6 < head:
     print("  no main table (row ...) followed by a W6 table", file=sys.stderr)
     sys.exit(1)
-COLS = ["td 128k+xl2", "td 64k", "qnbd 64k", "qnbd 128k+xl2", "qnbd raw", "nbdkit raw", "raw file"]
+COLS = ["td 128k+xl2", "td 64k", "qnbd 64k", "qnbd 128k+xl2", "qnbd raw", "nbdkit raw", "raw file",
+        "raw O_DIRECT"]
 need(lines[head].rstrip().endswith("  target") and all(c in lines[head] for c in COLS),
      f"the column header names {COLS} and target")
 ROW = re.compile(r"(?P<title>\S.*?\((?P<unit>MB/s|IOPS|x|us)\))\s+(?P<rest>.*)")
@@ -92,7 +96,8 @@ need(k >= len(COLS), f"{k} figures per row for at least {len(COLS)} columns")
 
 # Rows that exist today: a title pattern, and whether it carries a target.
 # Dashes are answers only in CPU rows (us) for the raw-file columns, which
-# have no server; everything else is a number.
+# have no server, and in the columns a row does not run on (ONLY);
+# everything else is a number.
 REQUIRED = [
     (r"W1 .*QD1 \(MB/s\)", False), (r"W1 .*QD16 \(MB/s\)", True),
     (r"W2 .*QD1 \(IOPS\)", False), (r"W2 .*QD16 \(IOPS\)", True),
@@ -103,7 +108,10 @@ REQUIRED = [
     (r"W5 .*QD1 \(IOPS\)", False), (r"W5 .*QD16 \(IOPS\)", True),
     (r"W8 .*\(IOPS\)", False),
     (r"server CPU .*\(W2\) \(us\)", False), (r"server CPU .*\(W3\) \(us\)", False),
+    (r"W9 .*\(IOPS\)", True), (r"W11 .*\(IOPS\)", True),
 ]
+ONLY = [(r"W9 .*", {"td 128k+xl2", "qnbd 64k", "qnbd 128k+xl2", "nbdkit raw"}),
+        (r"W11 .*", {"td 128k+xl2", "qnbd 64k", "qnbd 128k+xl2"})]
 if host_amp:  # the host write amplification rows need a block device
     REQUIRED += [(r"W5 host write amp QD1 \(x\)", False), (r"W5 host write amp QD16 \(x\)", True),
                  (r"W8 host write amp \(x\)", False)]
@@ -115,8 +123,12 @@ for pattern, has_target in REQUIRED:
     n, unit, figs, targets = rows[found[0]]
     need(not has_target or re.search(r"\b(PASS|MISS)\b", targets), f"row '{found[0]}' lists no target")
 for title, (n, unit, figs, targets) in rows.items():
+    only = next((cols for pattern, cols in ONLY if re.fullmatch(pattern, title)), None)
     for j, f in enumerate(figs):
         col = COLS[j] if j < len(COLS) else f"column {j + 1}"
+        if only is not None:
+            need(is_num(f) if col in only else f == "-", f"row '{title}', {col}: '{f}'")
+            continue
         dash_ok = unit == "us" and j >= COLS.index("raw file")
         need(is_num(f) or (dash_ok and f == "-"), f"row '{title}', {col}: '{f}'")
     if unit in ("IOPS", "MB/s"):
@@ -172,5 +184,27 @@ for e in errors:
     print("  " + e, file=sys.stderr)
 sys.exit(1 if errors else 0)
 PY
+compgen -G "$TMP/td-compare-*" >/dev/null && fail "bench/compare left its work directory behind"
+
+log "ROWS=W9: that row alone, on its four targets"
+rc=0
+env -u KEEP -u REPORT -u RESULTS_OUT "${settings[@]}" PHASES=targets ROWS=W9 DROP_CACHES=0 \
+  THINDISK="$TD" BENCH_DIR="$TMP" bash "$BENCH_SCRIPTS/compare" >rows.out 2>rows.err || rc=$?
+[[ $rc == 0 ]] || { cat rows.err rows.out >&2; fail "bench/compare ROWS=W9 exited $rc"; }
+python3 - rows.out <<'PY' || { cat rows.out >&2; fail "ROWS=W9 did not print the W9 row alone"; }
+import re
+import sys
+
+# Table rows: "TITLE (UNIT)" then the 8 columns; W9 has figures in 4.
+rows = [l for l in open(sys.argv[1]).read().splitlines()
+        if re.match(r"(W\d+|server CPU) .*\((MB/s|IOPS|x|us)\) ", l)]
+figs = rows[0].split("(IOPS)", 1)[1].split()[:8] if rows else []
+nums = [t for t in figs if re.fullmatch(r"\d+(\.\d+)?", t)]
+sys.exit(0 if len(rows) == 1 and rows[0].startswith("W9 ") and len(nums) == 4 else 1)
+PY
+[[ $(grep -c '^compare: run 1/1: ' rows.err) == 4 ]] || { cat rows.err >&2; fail "ROWS=W9 ran other targets"; }
+rc=0
+ROWS="W9 W10" THINDISK="$TD" BENCH_DIR="$TMP" bash "$BENCH_SCRIPTS/compare" >/dev/null 2>rows.err || rc=$?
+[[ $rc == 2 ]] && grep -q "unknown row 'W10'" rows.err || { cat rows.err >&2; fail "ROWS=W10 was not refused (exit $rc)"; }
 compgen -G "$TMP/td-compare-*" >/dev/null && fail "bench/compare left its work directory behind"
 echo "PASS [$TEST_NAME]"
