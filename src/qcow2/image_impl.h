@@ -106,6 +106,10 @@ class ImageImpl final : public Image {
   // ---- write (image_write.cc); REQUIRE the range lock on gc ----
   // `src` null writes zeros.
   Status WritePieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, const uint8_t* src);
+  // Writes whole clusters gc.. (at most `count`, from `src`) that hold no
+  // host space yet into one fresh host range with one write, when at least
+  // two lead the run; returns how many (0: none, for the per-cluster path).
+  Result<uint64_t> WriteFreshRun(uint64_t gc, uint64_t count, const uint8_t* src);
   Status WriteInPlace(uint64_t gc, const L2Mapping& m, uint64_t in_off, uint64_t len,
                       const uint8_t* src);
   Status WriteAllocating(uint64_t gc, const L2Mapping& m, uint64_t in_off, uint64_t len,

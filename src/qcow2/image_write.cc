@@ -24,6 +24,14 @@ Status ImageImpl::Write(uint64_t offset, std::span<const uint8_t> buf, block::Wr
     uint64_t pos = offset + done;
     uint64_t gc = pos >> cluster_bits_;
     uint64_t in_off = pos & (cluster_size_ - 1);
+    const uint64_t whole = in_off == 0 ? (buf.size() - done) >> cluster_bits_ : 0;
+    if (whole >= 2) {
+      TD_ASSIGN_OR_RETURN(uint64_t n, WriteFreshRun(gc, whole, buf.data() + done));
+      if (n > 0) {
+        done += n << cluster_bits_;
+        continue;
+      }
+    }
     uint64_t len = std::min<uint64_t>(buf.size() - done, cluster_size_ - in_off);
     auto guard = range_lock_.Lock(gc, 1);
     TD_RETURN_IF_ERROR(WritePieceLocked(gc, in_off, len, buf.data() + done));
@@ -31,6 +39,55 @@ Status ImageImpl::Write(uint64_t offset, std::span<const uint8_t> buf, block::Wr
   }
   if (flags.fua) return Flush();
   return Status::Ok();
+}
+
+Result<uint64_t> ImageImpl::WriteFreshRun(uint64_t gc, uint64_t count, const uint8_t* src) {
+  // At most half of what one refcount block counts: a run the allocator
+  // must create a refcount block for may have that block land inside it
+  // (a new block sits at the start of the range it counts), and a run
+  // wider than a block would meet one at every retry (512-byte clusters
+  // with 64-bit refcounts: a block counts 64 clusters, 32 KiB).
+  count = std::min<uint64_t>(count, std::max<uint64_t>(allocator_->clusters_per_block() / 2, 1));
+  if (count < 2) return uint64_t{0};
+  auto guard = range_lock_.Lock(gc, count);
+  // The leading clusters that hold no host space: unallocated (whatever
+  // their subclusters or the backing file say: every byte is overwritten)
+  // or zero without kept space.
+  std::vector<L2Mapping> old;
+  Allocator::Allocation a;
+  {
+    std::lock_guard lock(mu_);
+    for (uint64_t i = 0; i < count; ++i) {
+      TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLocked(gc + i));
+      const bool no_space = m.kind == ClusterKind::kUnallocated ||
+                            (m.kind == ClusterKind::kZero && m.host_offset == 0);
+      if (!no_space) break;
+      old.push_back(m);
+    }
+    if (old.size() < 2) return uint64_t{0};  // the per-cluster path does it
+    TD_ASSIGN_OR_RETURN(a, allocator_->AllocateClusters(old.size()));
+  }
+  const uint64_t n = old.size();
+  // Rule: the data is in place before any L2 entry points at it.
+  storage_->Announce(io::Event::kDataWrite);
+  Status s = storage_->WriteAt(a.offset, std::span<const uint8_t>(src, n << cluster_bits_));
+  std::lock_guard lock(mu_);
+  uint64_t mapped = 0;
+  for (; s.ok() && mapped < n; ++mapped) {
+    L2Mapping m;
+    m.kind = ClusterKind::kNormal;
+    m.host_offset = a.offset + (mapped << cluster_bits_);
+    m.copied = true;
+    m.alloc_bitmap = extended_ ? AllSubclusters() : 0;
+    s = SetMappingLocked(gc + mapped, m);
+    if (!s.ok()) break;
+  }
+  if (!s.ok()) {
+    // Clusters already mapped keep their (written) data; the rest goes back.
+    allocator_->DeferFree(a.offset + (mapped << cluster_bits_), n - mapped);
+    return s;
+  }
+  return n;
 }
 
 Status ImageImpl::WritePieceLocked(uint64_t gc, uint64_t in_off, uint64_t len,
