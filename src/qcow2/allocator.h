@@ -92,8 +92,6 @@ class Allocator {
 
   // End of the highest cluster in use or allocated (>= the file size at open).
   uint64_t host_end() const { return host_end_; }
-  // Host clusters one refcount block counts.
-  uint64_t clusters_per_block() const { return entries_per_block_; }
   uint64_t cluster_size() const { return cluster_size_; }
 
  private:

@@ -88,6 +88,9 @@ class ImageImpl final : public Image {
   // ---- mapping (image_map.cc); all REQUIRE mu_ ----
   Result<L2Mapping> LookupLocked(uint64_t guest_cluster);
   Status SetMappingLocked(uint64_t guest_cluster, const L2Mapping& m);
+  // The L2 table that maps `gc`, ready to be changed: allocated when there
+  // is none, copied when a snapshot shares it.
+  Result<std::shared_ptr<Table>> WritableL2Locked(uint64_t gc);
   Status ValidateMapping(uint64_t guest_cluster, const L2Mapping& m);
   // Queues the release of whatever host space `m` holds.
   void FreeMappingLocked(const L2Mapping& m);
@@ -107,8 +110,10 @@ class ImageImpl final : public Image {
   // `src` null writes zeros.
   Status WritePieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, const uint8_t* src);
   // Writes whole clusters gc.. (at most `count`, from `src`) that hold no
-  // host space yet into one fresh host range with one write, when at least
-  // two lead the run; returns how many (0: none, for the per-cluster path).
+  // host space yet, when at least two lead the run: allocated one by one in
+  // the order the per-cluster path allocates (so the file's layout is the
+  // same), written with one host write per contiguous host range; returns
+  // how many (0: none, for the per-cluster path).
   Result<uint64_t> WriteFreshRun(uint64_t gc, uint64_t count, const uint8_t* src);
   Status WriteInPlace(uint64_t gc, const L2Mapping& m, uint64_t in_off, uint64_t len,
                       const uint8_t* src);

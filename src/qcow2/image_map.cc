@@ -75,9 +75,8 @@ Result<L2Mapping> ImageImpl::LookupLocked(uint64_t gc) {
   return m;
 }
 
-Status ImageImpl::SetMappingLocked(uint64_t gc, const L2Mapping& m) {
+Result<std::shared_ptr<Table>> ImageImpl::WritableL2Locked(uint64_t gc) {
   uint64_t l1i = gc / l2_entries_;
-  uint64_t l2i = gc % l2_entries_;
   if (l1i >= l1_.size()) return Status::Internal(GuestPos(gc) + ": beyond the L1 table");
   uint64_t l1e = l1_[l1i];
   std::shared_ptr<Table> table;
@@ -108,6 +107,12 @@ Status ImageImpl::SetMappingLocked(uint64_t gc, const L2Mapping& m) {
   } else {
     TD_ASSIGN_OR_RETURN(table, l2_cache_->Get(L1Offset(l1e)));
   }
+  return table;
+}
+
+Status ImageImpl::SetMappingLocked(uint64_t gc, const L2Mapping& m) {
+  TD_ASSIGN_OR_RETURN(std::shared_ptr<Table> table, WritableL2Locked(gc));
+  uint64_t l2i = gc % l2_entries_;
   L2Words w = EncodeL2Entry(m, extended_, cluster_bits_);
   uint8_t* p = &table->data[l2i * l2_entry_size_];
   StoreBe64(p, w.entry);

@@ -42,41 +42,58 @@ Status ImageImpl::Write(uint64_t offset, std::span<const uint8_t> buf, block::Wr
 }
 
 Result<uint64_t> ImageImpl::WriteFreshRun(uint64_t gc, uint64_t count, const uint8_t* src) {
-  // At most half of what one refcount block counts: a run the allocator
-  // must create a refcount block for may have that block land inside it
-  // (a new block sits at the start of the range it counts), and a run
-  // wider than a block would meet one at every retry (512-byte clusters
-  // with 64-bit refcounts: a block counts 64 clusters, 32 KiB).
-  count = std::min<uint64_t>(count, std::max<uint64_t>(allocator_->clusters_per_block() / 2, 1));
-  if (count < 2) return uint64_t{0};
   auto guard = range_lock_.Lock(gc, count);
   // The leading clusters that hold no host space: unallocated (whatever
   // their subclusters or the backing file say: every byte is overwritten)
-  // or zero without kept space.
-  std::vector<L2Mapping> old;
-  Allocator::Allocation a;
+  // or zero without kept space. Each gets a host cluster as the
+  // per-cluster path would give it (its data cluster, then the L2 table
+  // if it has none yet), so the layout does not depend on how the guest
+  // cut its writes.
+  std::vector<uint64_t> hosts;
+  auto give_back = [&](size_t from) {
+    for (size_t i = from; i < hosts.size(); ++i) allocator_->DeferFree(hosts[i], 1);
+  };
   {
     std::lock_guard lock(mu_);
-    for (uint64_t i = 0; i < count; ++i) {
-      TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLocked(gc + i));
+    uint64_t n = 0;
+    for (; n < count; ++n) {
+      TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLocked(gc + n));
       const bool no_space = m.kind == ClusterKind::kUnallocated ||
                             (m.kind == ClusterKind::kZero && m.host_offset == 0);
       if (!no_space) break;
-      old.push_back(m);
     }
-    if (old.size() < 2) return uint64_t{0};  // the per-cluster path does it
-    TD_ASSIGN_OR_RETURN(a, allocator_->AllocateClusters(old.size()));
+    if (n < 2) return uint64_t{0};  // the per-cluster path does it
+    for (uint64_t i = 0; i < n; ++i) {
+      Result<Allocator::Allocation> a = allocator_->AllocateClusters(1);
+      if (!a.has_value()) {
+        give_back(0);
+        return a.status();
+      }
+      hosts.push_back(a->offset);
+      Result<std::shared_ptr<Table>> table = WritableL2Locked(gc + i);
+      if (!table.has_value()) {
+        give_back(0);
+        return table.status();
+      }
+    }
   }
-  const uint64_t n = old.size();
-  // Rule: the data is in place before any L2 entry points at it.
-  storage_->Announce(io::Event::kDataWrite);
-  Status s = storage_->WriteAt(a.offset, std::span<const uint8_t>(src, n << cluster_bits_));
+  // Rule: the data is in place before any L2 entry points at it (a new
+  // L2 table above holds no entry for it until SetMappingLocked below).
+  Status s;
+  for (size_t i = 0; i < hosts.size() && s.ok();) {
+    size_t j = i + 1;
+    while (j < hosts.size() && hosts[j] == hosts[j - 1] + cluster_size_) ++j;
+    storage_->Announce(io::Event::kDataWrite);
+    s = storage_->WriteAt(hosts[i], std::span<const uint8_t>(src + (i << cluster_bits_),
+                                                             (j - i) << cluster_bits_));
+    i = j;
+  }
   std::lock_guard lock(mu_);
-  uint64_t mapped = 0;
-  for (; s.ok() && mapped < n; ++mapped) {
+  size_t mapped = 0;
+  for (; s.ok() && mapped < hosts.size(); ++mapped) {
     L2Mapping m;
     m.kind = ClusterKind::kNormal;
-    m.host_offset = a.offset + (mapped << cluster_bits_);
+    m.host_offset = hosts[mapped];
     m.copied = true;
     m.alloc_bitmap = extended_ ? AllSubclusters() : 0;
     s = SetMappingLocked(gc + mapped, m);
@@ -84,10 +101,10 @@ Result<uint64_t> ImageImpl::WriteFreshRun(uint64_t gc, uint64_t count, const uin
   }
   if (!s.ok()) {
     // Clusters already mapped keep their (written) data; the rest goes back.
-    allocator_->DeferFree(a.offset + (mapped << cluster_bits_), n - mapped);
+    give_back(mapped);
     return s;
   }
-  return n;
+  return uint64_t{hosts.size()};
 }
 
 Status ImageImpl::WritePieceLocked(uint64_t gc, uint64_t in_off, uint64_t len,
