@@ -5,7 +5,7 @@
 namespace thindisk::nbd {
 
 WorkerPool::WorkerPool(size_t threads) {
-  if (threads == 0) threads = std::max(2u, std::thread::hardware_concurrency());
+  if (threads == 0) threads = kDefaultThreads;
   threads_.reserve(threads);
   for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
 }

@@ -26,13 +26,19 @@ CACHE_MIB=64                # --cache-size (also the default)
 # The memory bound (docs/serve-limits.md): every connection slot may pin
 # max_inflight_bytes (64 MiB, ServeOptions) plus at most
 # max_inflight_requests (128) uncounted small replies (<= 16 KiB each:
-# 2 MiB) and its two threads' stacks (<= 2 MiB touched), on top of the qcow2
-# metadata cache, a fixed 64 MiB for the program, the worker pool and
-# allocator slack, and the 64 MiB of freed payload buffers kept for reuse
-# (kPayloadCacheBytes, src/nbd/payload_buffer.h).
+# 2 MiB) and its two threads' stacks (<= 2 MiB touched), on top of 128 KiB
+# for each of 2N connections not yet (or no longer) sessions (N, the
+# negotiating cap: max(16, C)), the qcow2 metadata cache, 4 MiB per worker
+# (the default 16, WorkerPool::kDefaultThreads), a fixed 64 MiB for the
+# program, the worker pool and allocator slack, and the 64 MiB of freed
+# payload buffers kept for reuse (kPayloadCacheBytes,
+# src/nbd/payload_buffer.h).
 PER_CONNECTION_MIB=$((64 + 2 + 2))
+NEGOTIATING_CAP=$((MAX_CONNECTIONS > 16 ? MAX_CONNECTIONS : 16))
+NOT_SESSIONS_MIB=$(((2 * NEGOTIATING_CAP * 128 + 1023) / 1024))
+WORKERS=16
 PAYLOAD_CACHE_MIB=64
-BOUND_MIB=$((MAX_CONNECTIONS * PER_CONNECTION_MIB + CACHE_MIB + 64 + PAYLOAD_CACHE_MIB))
+BOUND_MIB=$((MAX_CONNECTIONS * PER_CONNECTION_MIB + NOT_SESSIONS_MIB + CACHE_MIB + WORKERS * 4 + 64 + PAYLOAD_CACHE_MIB))
 # kMaxOptionsPerSession (src/nbd/negotiation.h) plus one per export.
 OPTION_LIMIT=$((256 + 1))
 
@@ -96,7 +102,8 @@ peak=$(rss_kib VmHWM)
 max_sample=$(sort -n rss.samples | tail -1)
 log "peak RSS (VmHWM) $((peak / 1024)) MiB (during the attack $((peak_busy / 1024)) MiB," \
   "highest sample $((max_sample / 1024)) MiB); bound $BOUND_MIB MiB" \
-  "($MAX_CONNECTIONS x $PER_CONNECTION_MIB MiB + $CACHE_MIB MiB cache + 64 MiB + $PAYLOAD_CACHE_MIB MiB payload cache)"
+  "($MAX_CONNECTIONS x $PER_CONNECTION_MIB MiB + $NOT_SESSIONS_MIB MiB negotiating + $CACHE_MIB MiB cache" \
+  "+ $WORKERS x 4 MiB workers + 64 MiB + $PAYLOAD_CACHE_MIB MiB payload cache)"
 ((peak / 1024 < BOUND_MIB)) || fail "peak RSS $((peak / 1024)) MiB exceeds the bound $BOUND_MIB MiB"
 stop_server "$SRV" srv
 wait "$SAMPLER" 2>/dev/null || true
