@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # smoke.bench_compare: bench/compare runs end to end at a tiny size (every
 # target, every workload, one run) and prints a complete table: the header,
-# a figure in every column of every row that exists today (W9 and W11: in
-# the columns of their targets, "-" in the others), the W6 rows, the N1 row
+# a figure in every column of every row that exists today (W9, W10 and W11:
+# in the columns of their targets, "-" in the others), the W6 rows, the N1 row
 # (convert off an NBD export), and a `targets: N PASS, M MISS` line that
 # counts the checks the rows list. Then ROWS=W9 alone: the W9 row and no
 # other; and an unknown row is refused.
@@ -22,7 +22,7 @@ log "bench/compare, one run at SIZE=8M"
 # The knobs of its header (the settings: line echoes them), and the page
 # cache left alone (dropping it needs root and slows everyone's machine).
 settings=(RUNS=1 SIZE=8M VSIZE=64M OPS=128 RUNTIME=10 W6_SIZE=2M N1_SIZE=8M
-  W9_OPS=64 W11_BASE=16M W11_READ=512K W11_WRITE=128K)
+  W9_OPS=64 W11_BASE=16M W11_READ=512K W11_WRITE=128K W10_SIZE=4M W10_OPS=64)
 rc=0
 env -u KEEP -u REPORT -u RESULTS_OUT "${settings[@]}" W8_OPS=16 DROP_CACHES=0 THINDISK="$TD" BENCH_DIR="$TMP" \
   bash "$BENCH_SCRIPTS/compare" >compare.out 2>compare.err || rc=$?
@@ -109,9 +109,12 @@ REQUIRED = [
     (r"W8 .*\(IOPS\)", False),
     (r"server CPU .*\(W2\) \(us\)", False), (r"server CPU .*\(W3\) \(us\)", False),
     (r"W9 .*\(IOPS\)", True), (r"W11 .*\(IOPS\)", True),
+    (r"W10 .*write QD1 \(IOPS\)", False), (r"W10 .*write QD32 \(IOPS\)", True),
+    (r"W10 .*read QD1 \(IOPS\)", False), (r"W10 .*read QD32 \(IOPS\)", True),
 ]
 ONLY = [(r"W9 .*", {"td 128k+xl2", "qnbd 64k", "qnbd 128k+xl2", "nbdkit raw"}),
-        (r"W11 .*", {"td 128k+xl2", "qnbd 64k", "qnbd 128k+xl2"})]
+        (r"W11 .*", {"td 128k+xl2", "qnbd 64k", "qnbd 128k+xl2"}),
+        (r"W10 .*", {"td 128k+xl2"})]
 if host_amp:  # the host write amplification rows need a block device
     REQUIRED += [(r"W5 host write amp QD1 \(x\)", False), (r"W5 host write amp QD16 \(x\)", True),
                  (r"W8 host write amp \(x\)", False)]
