@@ -28,23 +28,23 @@ void CountWrite(HostCounters& c, uint64_t bytes) {
 
 void CountingStorage::Announce(io::Event e) {
   last_event = int(e);
-  inner_->Announce(e);
+  inner().Announce(e);
 }
 
 Status CountingStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
-  Status s = inner_->WriteAt(offset, buf);
+  Status s = inner().WriteAt(offset, buf);
   if (s.ok()) CountWrite(*counters_, buf.size());
   return s;
 }
 
 Status CountingStorage::Flush() {
-  Status s = inner_->Flush();
+  Status s = inner().Flush();
   if (s.ok()) ++counters_->flushes;
   return s;
 }
 
 Status CountingStorage::ZeroRange(uint64_t offset, uint64_t length) {
-  Status s = inner_->ZeroRange(offset, length);
+  Status s = inner().ZeroRange(offset, length);
   // Zeroing may be a cheap fallocate; counted as written like
   // io::Storage::bytes_written does, which is the pessimistic reading.
   if (s.ok()) CountWrite(*counters_, length);

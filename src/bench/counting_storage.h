@@ -15,7 +15,7 @@
 #include <memory>
 #include <string>
 
-#include "io/storage.h"
+#include "io/forwarding_storage.h"
 
 namespace thindisk::bench {
 
@@ -27,29 +27,19 @@ struct HostCounters {
   std::atomic<uint64_t> flushes{0};
 };
 
-class CountingStorage final : public io::Storage {
+class CountingStorage final : public io::ForwardingStorage {
  public:
   CountingStorage(std::unique_ptr<io::Storage> inner, std::shared_ptr<HostCounters> counters)
-      : inner_(std::move(inner)), counters_(std::move(counters)) {}
+      : ForwardingStorage(std::move(inner)), counters_(std::move(counters)) {}
 
-  Status ReadAt(uint64_t offset, std::span<uint8_t> buf) override { return inner_->ReadAt(offset, buf); }
   Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) override;
   Status Flush() override;
-  Result<uint64_t> Size() override { return inner_->Size(); }
-  Status Resize(uint64_t size) override { return inner_->Resize(size); }
-  Status Allocate(uint64_t offset, uint64_t length) override { return inner_->Allocate(offset, length); }
-  Status PunchHole(uint64_t offset, uint64_t length) override { return inner_->PunchHole(offset, length); }
   Status ZeroRange(uint64_t offset, uint64_t length) override;
-  Result<uint64_t> NextData(uint64_t offset) override { return inner_->NextData(offset); }
-  Result<uint64_t> NextHole(uint64_t offset) override { return inner_->NextHole(offset); }
-  Result<uint64_t> AllocatedBytes() override { return inner_->AllocatedBytes(); }
   uint64_t bytes_written() const override { return counters_->bytes_written.load(); }
-  const std::string& name() const override { return inner_->name(); }
   // Remembers the step (per thread: the write it names follows on the same thread).
   void Announce(io::Event e) override;
 
  private:
-  std::unique_ptr<io::Storage> inner_;
   std::shared_ptr<HostCounters> counters_;
 };
 

@@ -11,47 +11,47 @@ void LatencyStorage::Wait() const {
 
 Status LatencyStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
   Wait();
-  return inner_->ReadAt(offset, buf);
+  return inner().ReadAt(offset, buf);
 }
 
 Status LatencyStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
   Wait();
-  return inner_->WriteAt(offset, buf);
+  return inner().WriteAt(offset, buf);
 }
 
 Status LatencyStorage::Flush() {
   Wait();
-  return inner_->Flush();
+  return inner().Flush();
 }
 
 Status LatencyStorage::Resize(uint64_t size) {
   Wait();
-  return inner_->Resize(size);
+  return inner().Resize(size);
 }
 
 Status LatencyStorage::Allocate(uint64_t offset, uint64_t length) {
   Wait();
-  return inner_->Allocate(offset, length);
+  return inner().Allocate(offset, length);
 }
 
 Status LatencyStorage::PunchHole(uint64_t offset, uint64_t length) {
   Wait();
-  return inner_->PunchHole(offset, length);
+  return inner().PunchHole(offset, length);
 }
 
 Status LatencyStorage::ZeroRange(uint64_t offset, uint64_t length) {
   Wait();
-  return inner_->ZeroRange(offset, length);
+  return inner().ZeroRange(offset, length);
 }
 
 Result<uint64_t> LatencyStorage::NextData(uint64_t offset) {
   Wait();
-  return inner_->NextData(offset);
+  return inner().NextData(offset);
 }
 
 Result<uint64_t> LatencyStorage::NextHole(uint64_t offset) {
   Wait();
-  return inner_->NextHole(offset);
+  return inner().NextHole(offset);
 }
 
 }  // namespace thindisk::io

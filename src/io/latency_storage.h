@@ -28,37 +28,33 @@
 #include <span>
 #include <string>
 
-#include "io/storage.h"
+#include "io/forwarding_storage.h"
 
 namespace thindisk::io {
 
-class LatencyStorage final : public Storage {
+class LatencyStorage final : public ForwardingStorage {
  public:
   LatencyStorage(std::unique_ptr<Storage> inner, std::chrono::microseconds latency)
-      : inner_(std::move(inner)), latency_(latency) {}
+      : ForwardingStorage(std::move(inner)), latency_(latency) {}
 
   std::chrono::microseconds latency() const { return latency_; }
 
+  // The requests that wait; Size, AllocatedBytes and the bookkeeping
+  // calls are forwarded at once (ForwardingStorage).
   Status ReadAt(uint64_t offset, std::span<uint8_t> buf) override;
   Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) override;
   Status Flush() override;
-  Result<uint64_t> Size() override { return inner_->Size(); }
   Status Resize(uint64_t size) override;
   Status Allocate(uint64_t offset, uint64_t length) override;
   Status PunchHole(uint64_t offset, uint64_t length) override;
   Status ZeroRange(uint64_t offset, uint64_t length) override;
   Result<uint64_t> NextData(uint64_t offset) override;
   Result<uint64_t> NextHole(uint64_t offset) override;
-  Result<uint64_t> AllocatedBytes() override { return inner_->AllocatedBytes(); }
-  uint64_t bytes_written() const override { return inner_->bytes_written(); }
-  const std::string& name() const override { return inner_->name(); }
-  void Announce(Event e) override { inner_->Announce(e); }
 
  private:
   // One round trip: sleeps the latency on the calling thread (no lock).
   void Wait() const;
 
-  const std::unique_ptr<Storage> inner_;
   const std::chrono::microseconds latency_;
 };
 

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <thread>
 
+#include "io/forwarding_storage.h"
 #include "qcow2/image_test_util.h"
 #include "util/endian.h"
 
@@ -102,36 +103,27 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ConcurrencyTest,
                                            std::make_tuple(4096u, false)));
 
 // Records every write and flush, in order.
-class RecordingStorage : public io::Storage {
+class RecordingStorage : public io::ForwardingStorage {
  public:
   struct Op {
     bool flush;
     uint64_t offset;
     uint64_t length;
   };
-  explicit RecordingStorage(std::unique_ptr<io::Storage> inner) : inner_(std::move(inner)) {}
-  Status ReadAt(uint64_t o, std::span<uint8_t> b) override { return inner_->ReadAt(o, b); }
+  explicit RecordingStorage(std::unique_ptr<io::Storage> inner)
+      : ForwardingStorage(std::move(inner)) {}
   Status WriteAt(uint64_t o, std::span<const uint8_t> b) override {
     Record({false, o, b.size()});
-    return inner_->WriteAt(o, b);
+    return inner().WriteAt(o, b);
   }
   Status Flush() override {
     Record({true, 0, 0});
-    return inner_->Flush();
+    return inner().Flush();
   }
-  Result<uint64_t> Size() override { return inner_->Size(); }
-  Status Resize(uint64_t s) override { return inner_->Resize(s); }
-  Status Allocate(uint64_t o, uint64_t l) override { return inner_->Allocate(o, l); }
-  Status PunchHole(uint64_t o, uint64_t l) override { return inner_->PunchHole(o, l); }
   Status ZeroRange(uint64_t o, uint64_t l) override {
     Record({false, o, l});
-    return inner_->ZeroRange(o, l);
+    return inner().ZeroRange(o, l);
   }
-  Result<uint64_t> NextData(uint64_t o) override { return inner_->NextData(o); }
-  Result<uint64_t> NextHole(uint64_t o) override { return inner_->NextHole(o); }
-  Result<uint64_t> AllocatedBytes() override { return inner_->AllocatedBytes(); }
-  uint64_t bytes_written() const override { return inner_->bytes_written(); }
-  const std::string& name() const override { return inner_->name(); }
 
   std::vector<Op> ops() {
     std::lock_guard l(mu_);
@@ -143,7 +135,6 @@ class RecordingStorage : public io::Storage {
     std::lock_guard l(mu_);
     ops_.push_back(op);
   }
-  std::unique_ptr<io::Storage> inner_;
   std::mutex mu_;
   std::vector<Op> ops_;
 };

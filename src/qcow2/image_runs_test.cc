@@ -9,6 +9,7 @@
 #include <mutex>
 #include <vector>
 
+#include "io/forwarding_storage.h"
 #include "qcow2/check.h"
 #include "qcow2/image_test_util.h"
 
@@ -18,34 +19,23 @@ namespace {
 using testing::Pattern;
 
 // Records the ReadAt and WriteAt calls made after Arm(), by (offset, length).
-class ReadRecorder : public io::Storage {
+class ReadRecorder : public io::ForwardingStorage {
  public:
-  explicit ReadRecorder(std::unique_ptr<io::Storage> inner) : inner_(std::move(inner)) {}
+  explicit ReadRecorder(std::unique_ptr<io::Storage> inner) : ForwardingStorage(std::move(inner)) {}
   Status ReadAt(uint64_t o, std::span<uint8_t> b) override {
     {
       std::lock_guard lock(mu_);
       if (armed_) reads_.push_back({o, b.size()});
     }
-    return inner_->ReadAt(o, b);
+    return inner().ReadAt(o, b);
   }
   Status WriteAt(uint64_t o, std::span<const uint8_t> b) override {
     {
       std::lock_guard lock(mu_);
       if (armed_) writes_.push_back({o, b.size()});
     }
-    return inner_->WriteAt(o, b);
+    return inner().WriteAt(o, b);
   }
-  Status Flush() override { return inner_->Flush(); }
-  Result<uint64_t> Size() override { return inner_->Size(); }
-  Status Resize(uint64_t s) override { return inner_->Resize(s); }
-  Status Allocate(uint64_t o, uint64_t l) override { return inner_->Allocate(o, l); }
-  Status PunchHole(uint64_t o, uint64_t l) override { return inner_->PunchHole(o, l); }
-  Status ZeroRange(uint64_t o, uint64_t l) override { return inner_->ZeroRange(o, l); }
-  Result<uint64_t> NextData(uint64_t o) override { return inner_->NextData(o); }
-  Result<uint64_t> NextHole(uint64_t o) override { return inner_->NextHole(o); }
-  Result<uint64_t> AllocatedBytes() override { return inner_->AllocatedBytes(); }
-  uint64_t bytes_written() const override { return inner_->bytes_written(); }
-  const std::string& name() const override { return inner_->name(); }
 
   void Arm() {
     std::lock_guard lock(mu_);
@@ -63,7 +53,6 @@ class ReadRecorder : public io::Storage {
   }
 
  private:
-  std::unique_ptr<io::Storage> inner_;
   std::mutex mu_;
   bool armed_ = false;
   std::vector<std::pair<uint64_t, uint64_t>> reads_;
