@@ -105,7 +105,7 @@ class ServeCommand final : public Subcommand {
     sub->add_flag("-t,--persistent", persistent_,
                   "Keep serving after the last client leaves (always so unless --once)");
     sub->add_flag("--once", once_, "Exit after the first client disconnects (qemu-nbd without -t)");
-    sub->add_option("--threads", threads_, "Worker threads: requests in flight against the storage (default 16; each may hold 4 MiB)");
+    sub->add_option("--threads", threads_, "Worker threads: requests in flight against the storage (default 8; each may hold 4 MiB)");
     sub->add_flag("-n,--nocache", nocache_, "Same as --cache=none");
     sub->add_option("--cache", cache_,
                     "Host cache: writeback, none (O_DIRECT), writethrough (writes durable before "

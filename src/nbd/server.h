@@ -74,7 +74,7 @@
 namespace thindisk::nbd {
 
 struct ServerOptions {
-  size_t threads = 0;  // worker threads; 0: WorkerPool::kDefaultThreads (16)
+  size_t threads = 0;  // worker threads; 0: WorkerPool::kDefaultThreads (8)
   ConnectionOptions connection;
   bool once =
       false;  // stop after the first connection ends (qemu-nbd without --persistent)
@@ -211,7 +211,7 @@ struct ServeOptions {
   bool socket_activation = false;  // serve the LISTEN_FDS sockets (systemd)
   bool once = false;               // return after the first client disconnects
   bool handle_signals = true;      // SIGINT/SIGTERM shut down gracefully; SIGPIPE ignored
-  size_t threads = 0;              // worker threads; 0: WorkerPool::kDefaultThreads (16)
+  size_t threads = 0;              // worker threads; 0: WorkerPool::kDefaultThreads (8)
   size_t max_connections = 0;      // established sessions at once; 0: no limit
   std::chrono::milliseconds handshake_timeout{10000};  // ServerOptions'; 0: none
   size_t max_inflight_bytes = 64u << 20;        // per connection

@@ -25,10 +25,13 @@ namespace thindisk::nbd {
 
 class WorkerPool {
  public:
-  // Requests in flight by default: cold 4 KiB random reads over 4
-  // connections x QD8 ran 10.5-12.4k IOPS with the former one worker per
-  // CPU (2 here) and 20.5-25.1k with 16 (issue 13's table).
-  static constexpr size_t kDefaultThreads = 16;
+  // Requests in flight by default. bench/compare, 2026-12-01 (one run
+  // each): W9 (cold 4 KiB random reads, 4 connections x QD8) 15.6-16.3k
+  // IOPS with the former one worker per CPU (2 here), 22.2k with 8,
+  // 19.4-22.4k with 16; W7 (cold 1 MiB sequential reads at QD16) 1003-1177
+  // MB/s with 2, 974-1037 with 8, 784-967 with 16: more parallel 1 MiB
+  // reads of one file start to defeat the kernel's readahead.
+  static constexpr size_t kDefaultThreads = 8;
 
   // threads == 0: kDefaultThreads.
   explicit WorkerPool(size_t threads = 0);

@@ -29,14 +29,14 @@ CACHE_MIB=64                # --cache-size (also the default)
 # 2 MiB) and its two threads' stacks (<= 2 MiB touched), on top of 128 KiB
 # for each of 2N connections not yet (or no longer) sessions (N, the
 # negotiating cap: max(16, C)), the qcow2 metadata cache, 4 MiB per worker
-# (the default 16, WorkerPool::kDefaultThreads), a fixed 64 MiB for the
+# (the default 8, WorkerPool::kDefaultThreads), a fixed 64 MiB for the
 # program, the worker pool and allocator slack, and the 64 MiB of freed
 # payload buffers kept for reuse (kPayloadCacheBytes,
 # src/nbd/payload_buffer.h).
 PER_CONNECTION_MIB=$((64 + 2 + 2))
 NEGOTIATING_CAP=$((MAX_CONNECTIONS > 16 ? MAX_CONNECTIONS : 16))
 NOT_SESSIONS_MIB=$(((2 * NEGOTIATING_CAP * 128 + 1023) / 1024))
-WORKERS=16
+WORKERS=8
 PAYLOAD_CACHE_MIB=64
 BOUND_MIB=$((MAX_CONNECTIONS * PER_CONNECTION_MIB + NOT_SESSIONS_MIB + CACHE_MIB + WORKERS * 4 + 64 + PAYLOAD_CACHE_MIB))
 # kMaxOptionsPerSession (src/nbd/negotiation.h) plus one per export.
