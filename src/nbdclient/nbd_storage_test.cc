@@ -10,8 +10,8 @@
 #include <fstream>
 #include <map>
 #include <numeric>
-#include <regex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -141,10 +141,15 @@ TEST_F(NbdStorageTest, ServerMinimumBlockSizeIsMetWithReadModifyWrite) {
 std::map<int, std::map<std::string, int>> CommandsPerConnection(const std::string& log_file) {
   std::ifstream in(log_file);
   std::map<int, std::map<std::string, int>> out;
-  const std::regex line(R"(connection=(\d+) (\w+) id=)");
-  std::smatch m;
+  constexpr std::string_view kKey = "connection=";
   for (std::string l; std::getline(in, l);) {
-    if (std::regex_search(l, m, line)) ++out[std::stoi(m[1])][m[2]];
+    const size_t at = l.find(kKey);
+    if (at == std::string::npos) continue;
+    const size_t id_end = l.find(' ', at);
+    const size_t cmd_end = id_end == std::string::npos ? id_end : l.find(' ', id_end + 1);
+    if (cmd_end == std::string::npos || l.compare(cmd_end, 4, " id=") != 0) continue;
+    const int id = std::stoi(l.substr(at + kKey.size(), id_end - at - kKey.size()));
+    ++out[id][l.substr(id_end + 1, cmd_end - id_end - 1)];
   }
   return out;
 }
