@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "io/forwarding_storage.h"
 #include "io/memory_storage.h"
 
 namespace thindisk::qcow2 {
@@ -20,36 +21,14 @@ bool AllZero(std::span<const uint8_t> b) {
 // a zero-range (extending the size like the write would), so the replayed
 // data (zeros) costs no memory while metadata tables are kept and read
 // back exactly. Reads return what a real file would.
-class MetadataOnlyStorage final : public io::Storage {
+class MetadataOnlyStorage final : public io::ForwardingStorage {
  public:
-  MetadataOnlyStorage() : inner_(io::NewMemoryStorage("measure")) {}
-  Status ReadAt(uint64_t offset, std::span<uint8_t> buf) override {
-    return inner_->ReadAt(offset, buf);
-  }
+  MetadataOnlyStorage() : ForwardingStorage(io::NewMemoryStorage("measure")) {}
   Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) override {
-    if (!buf.empty() && AllZero(buf)) return inner_->ZeroRange(offset, buf.size());
-    return inner_->WriteAt(offset, buf);
+    if (!buf.empty() && AllZero(buf)) return inner().ZeroRange(offset, buf.size());
+    return inner().WriteAt(offset, buf);
   }
   Status Flush() override { return Status::Ok(); }
-  Result<uint64_t> Size() override { return inner_->Size(); }
-  Status Resize(uint64_t size) override { return inner_->Resize(size); }
-  Status Allocate(uint64_t offset, uint64_t length) override {
-    return inner_->Allocate(offset, length);
-  }
-  Status PunchHole(uint64_t offset, uint64_t length) override {
-    return inner_->PunchHole(offset, length);
-  }
-  Status ZeroRange(uint64_t offset, uint64_t length) override {
-    return inner_->ZeroRange(offset, length);
-  }
-  Result<uint64_t> NextData(uint64_t offset) override { return inner_->NextData(offset); }
-  Result<uint64_t> NextHole(uint64_t offset) override { return inner_->NextHole(offset); }
-  Result<uint64_t> AllocatedBytes() override { return inner_->AllocatedBytes(); }
-  uint64_t bytes_written() const override { return inner_->bytes_written(); }
-  const std::string& name() const override { return inner_->name(); }
-
- private:
-  std::unique_ptr<io::MemoryStorage> inner_;
 };
 
 // Replays the writes `thindisk convert` issues for `src` (no target backing
