@@ -89,8 +89,10 @@ Status Allocator::SetRefcountOfCluster(uint64_t cluster, uint64_t value) {
   uint64_t bi = cluster / entries_per_block_;
   TD_RETURN_IF_ERROR(EnsureBlock(bi, 0));
   TD_ASSIGN_OR_RETURN(auto block, blocks_.Get(table_[bi]));
-  qcow2::SetRefcount(block->data, refcount_order_, cluster % entries_per_block_, value);
-  blocks_.MarkDirty(*block);
+  const uint64_t index = cluster % entries_per_block_;
+  qcow2::SetRefcount(block->data, refcount_order_, index, value);
+  const uint64_t bits = uint64_t{1} << refcount_order_;
+  blocks_.MarkDirty(*block, index * bits / 8, (bits + 7) / 8);
   return Status::Ok();
 }
 

@@ -117,7 +117,7 @@ Status ImageImpl::SetMappingLocked(uint64_t gc, const L2Mapping& m) {
   uint8_t* p = &table->data[l2i * l2_entry_size_];
   StoreBe64(p, w.entry);
   if (extended_) StoreBe64(p + 8, w.bitmap);
-  l2_cache_->MarkDirty(*table);
+  l2_cache_->MarkDirty(*table, l2i * l2_entry_size_, l2_entry_size_);
   return Status::Ok();
 }
 

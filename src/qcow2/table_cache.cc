@@ -16,11 +16,48 @@ TableCache::TableCache(io::Storage& storage, uint64_t table_size, size_t capacit
 
 void TableCache::Touch(Entry& e) { lru_.splice(lru_.begin(), lru_, e.lru_pos); }
 
-void TableCache::MarkDirty(Table& t) {
+void TableCache::MarkDirty(Table& t) { MarkDirty(t, 0, t.data.size()); }
+
+void TableCache::MarkDirty(Table& t, uint64_t offset, uint64_t len) {
+  if (len == 0) return;
+  const uint64_t sectors = (t.data.size() + kSector - 1) / kSector;
+  t.dirty_sectors.resize((sectors + 63) / 64, 0);
+  const uint64_t last = std::min((offset + len - 1) / kSector, sectors - 1);
+  for (uint64_t s = offset / kSector; s <= last; ++s) t.dirty_sectors[s / 64] |= 1ull << (s % 64);
   if (!t.dirty) {
     t.dirty = true;
     ++dirty_count_;
   }
+}
+
+Status TableCache::WriteTable(Table& t) {
+  if (t.fresh) {
+    storage_.Announce(fresh_event_);
+    return storage_.WriteAt(t.offset, t.data);
+  }
+  const uint64_t sectors = (t.data.size() + kSector - 1) / kSector;
+  auto is_dirty = [&](uint64_t s) {
+    return s / 64 < t.dirty_sectors.size() && (t.dirty_sectors[s / 64] >> (s % 64) & 1);
+  };
+  uint64_t s = 0;
+  while (s < sectors) {
+    if (!is_dirty(s)) {
+      ++s;
+      continue;
+    }
+    // A run of changed sectors, continued across clean gaps up to kJoinGap.
+    uint64_t end = s + 1;
+    for (uint64_t next = end; next < sectors && (next - end) * kSector <= kJoinGap; ++next) {
+      if (is_dirty(next)) end = next + 1;
+    }
+    const uint64_t from = s * kSector;
+    const uint64_t to = std::min<uint64_t>(end * kSector, t.data.size());
+    storage_.Announce(update_event_);
+    TD_RETURN_IF_ERROR(
+        storage_.WriteAt(t.offset + from, std::span<const uint8_t>(t.data).subspan(from, to - from)));
+    s = end;
+  }
+  return Status::Ok();
 }
 
 Status TableCache::MakeRoom() {
@@ -84,6 +121,7 @@ void TableCache::Drop(uint64_t offset) {
   if (it == map_.end()) return;
   if (it->second.table->dirty) {
     it->second.table->dirty = false;
+    it->second.table->dirty_sectors.clear();
     --dirty_count_;
   }
   lru_.erase(it->second.lru_pos);
@@ -100,10 +138,10 @@ Status TableCache::WriteDirty() {
   std::sort(dirty.begin(), dirty.end(),
             [](const Table* a, const Table* b) { return a->offset < b->offset; });
   for (Table* t : dirty) {
-    storage_.Announce(t->fresh ? fresh_event_ : update_event_);
-    TD_RETURN_IF_ERROR(storage_.WriteAt(t->offset, t->data));
+    TD_RETURN_IF_ERROR(WriteTable(*t));
     t->dirty = false;
     t->fresh = false;
+    t->dirty_sectors.clear();
     --dirty_count_;
   }
   return Status::Ok();

@@ -4,7 +4,11 @@
 // Tables are loaded on first use and changed in memory; a changed table is
 // marked dirty and reaches the file only when the owner's ordered flush
 // calls WriteDirty() (docs/engine.md: stage 1 for refcount blocks, stage 3
-// for L2 tables). When the cache is full and its least recently used
+// for L2 tables). The cache remembers which 512-byte sectors of a table
+// changed and writes only those (runs of them, joined across short clean
+// gaps), so a flush after one new mapping writes one sector of the L2 table
+// and one of the refcount block, not two whole clusters. A table made by
+// New() is written whole the first time: its cluster may hold old bytes. When the cache is full and its least recently used
 // unpinned table is dirty, the cache first calls the owner's flush hook
 // (which runs the whole ordered flush, cleaning every table) and then evicts.
 //
@@ -33,6 +37,9 @@ struct Table {
   std::vector<uint8_t> data;
   bool dirty = false;
   bool fresh = false;  // created by New() and not yet written
+  // One bit per 512-byte sector changed since the last write (all of them
+  // for a fresh table).
+  std::vector<uint64_t> dirty_sectors;
 };
 
 class TableCache {
@@ -58,7 +65,16 @@ class TableCache {
   // Writes every dirty table (no sync) and marks them clean.
   Status WriteDirty();
   bool HasDirty() const { return dirty_count_ > 0; }
+  // Marks the whole table changed.
   void MarkDirty(Table& t);
+  // Marks `len` bytes at `offset` within the table changed.
+  void MarkDirty(Table& t, uint64_t offset, uint64_t len);
+
+  // Tables are written in pieces of whole sectors of this size.
+  static constexpr uint64_t kSector = 512;
+  // Clean sectors between two changed ones are written too, rather than
+  // split the write, when the gap is at most this long.
+  static constexpr uint64_t kJoinGap = 4096;
 
   size_t size() const { return map_.size(); }
   size_t capacity() const { return capacity_; }
@@ -72,6 +88,8 @@ class TableCache {
   // Makes room for one more table. May call flush_hook_.
   Status MakeRoom();
   void Touch(Entry& e);
+  // Writes the changed sectors of one table (all of it when fresh).
+  Status WriteTable(Table& t);
 
   io::Storage& storage_;
   const uint64_t table_size_;

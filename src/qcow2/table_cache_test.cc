@@ -2,12 +2,24 @@
 
 #include <gtest/gtest.h>
 
+#include "io/forwarding_storage.h"
 #include "io/memory_storage.h"
 
 namespace thindisk::qcow2 {
 namespace {
 
 constexpr uint64_t kTable = 512;
+
+// Remembers the extent of every write.
+class WriteLog final : public io::ForwardingStorage {
+ public:
+  WriteLog() : ForwardingStorage(io::NewMemoryStorage()) {}
+  Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) override {
+    writes.push_back({offset, buf.size()});
+    return inner().WriteAt(offset, buf);
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> writes;  // offset, length
+};
 
 TEST(TableCacheTest, LoadsFromStorageOnMiss) {
   auto storage = io::NewMemoryStorage();
@@ -88,6 +100,70 @@ TEST(TableCacheTest, DropForgetsDirtyTable) {
   EXPECT_FALSE(cache.HasDirty());
   ASSERT_TRUE(cache.WriteDirty().ok());
   EXPECT_EQ(storage->bytes_written(), 0u);
+}
+
+// A table read from storage and changed in a few places writes only the
+// sectors that changed, joining those a short gap apart into one write.
+TEST(TableCacheTest, WritesOnlyChangedSectors) {
+  constexpr uint64_t kBig = 65536;
+  WriteLog log;
+  std::vector<uint8_t> on_disk(kBig, 0x11);
+  ASSERT_TRUE(log.WriteAt(kBig, on_disk).ok());
+  log.writes.clear();
+  TableCache cache(log, kBig, 4, nullptr);
+  auto t = cache.Get(kBig);
+  ASSERT_TRUE(t.has_value());
+  Table& table = **t;
+  auto change = [&](uint64_t at, uint64_t len) {
+    for (uint64_t i = at; i < at + len; ++i) table.data[i] = 0x22;
+    cache.MarkDirty(table, at, len);
+  };
+  change(100, 16);          // sector 0
+  change(1024 + 510, 4);    // sectors 2 and 3: joined with sector 0 (gap of one)
+  change(32768, 8);         // sector 64: far away, a write of its own
+  change(kBig - 8, 8);      // the last sector
+  ASSERT_TRUE(cache.WriteDirty().ok());
+  std::vector<std::pair<uint64_t, uint64_t>> want = {
+      {kBig, 4 * 512}, {kBig + 32768, 512}, {kBig + kBig - 512, 512}};
+  EXPECT_EQ(log.writes, want);
+  EXPECT_FALSE(cache.HasDirty());
+  // What reached storage is exactly the table in memory.
+  std::vector<uint8_t> back(kBig);
+  ASSERT_TRUE(log.ReadAt(kBig, back).ok());
+  EXPECT_EQ(back, table.data);
+  // Written sectors are clean again: a second write-back writes nothing.
+  log.writes.clear();
+  change(40000, 1);
+  ASSERT_TRUE(cache.WriteDirty().ok());
+  want = {{kBig + 40000 / 512 * 512, 512}};
+  EXPECT_EQ(log.writes, want);
+}
+
+// A table made by New() may sit on a cluster holding old bytes: its first
+// write covers all of it, later ones only what changed.
+TEST(TableCacheTest, NewTableIsWrittenWholeOnce) {
+  constexpr uint64_t kBig = 8192;
+  WriteLog log;
+  std::vector<uint8_t> junk(kBig, 0xee);
+  ASSERT_TRUE(log.WriteAt(kBig, junk).ok());
+  log.writes.clear();
+  TableCache cache(log, kBig, 4, nullptr);
+  auto t = cache.New(kBig);
+  ASSERT_TRUE(t.has_value());
+  (*t)->data[5] = 1;
+  cache.MarkDirty(**t, 5, 1);
+  ASSERT_TRUE(cache.WriteDirty().ok());
+  std::vector<std::pair<uint64_t, uint64_t>> want = {{kBig, kBig}};
+  EXPECT_EQ(log.writes, want);
+  std::vector<uint8_t> back(kBig);
+  ASSERT_TRUE(log.ReadAt(kBig, back).ok());
+  EXPECT_EQ(back, (*t)->data);
+  log.writes.clear();
+  (*t)->data[5000] = 2;
+  cache.MarkDirty(**t, 5000, 1);
+  ASSERT_TRUE(cache.WriteDirty().ok());
+  want = {{kBig + 4608, 512}};
+  EXPECT_EQ(log.writes, want);
 }
 
 }  // namespace
