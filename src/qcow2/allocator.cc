@@ -115,7 +115,14 @@ Status Allocator::AddRefcount(uint64_t host_offset, uint64_t n, int64_t delta) {
     }
     uint64_t value = uint64_t(int64_t(rc) + delta);
     TD_RETURN_IF_ERROR(SetRefcountOfCluster(c, value));
-    if (value == 0) free_hint_ = std::min(free_hint_, c);
+    if (value == 0) {
+      free_hint_ = std::min(free_hint_, c);
+      // A single allocation would take this cluster next: so must the
+      // first one after the reserve is given back.
+      if (!reserve_.empty() && c < ClusterIndex(reserve_.front().offset)) {
+        TD_RETURN_IF_ERROR(ReleaseReserve());
+      }
+    }
   }
   return Status::Ok();
 }
@@ -218,6 +225,47 @@ Result<Allocator::Allocation> Allocator::AllocateClustersAt(uint64_t n, int dept
 }
 
 Result<Allocator::Allocation> Allocator::AllocateClusters(uint64_t n) {
+  if (n == 1 && reserve_target_ > 0) {
+    if (reserve_.empty()) TD_RETURN_IF_ERROR(FillReserve());
+    if (reserve_.empty()) return AllocateUnreserved(1);
+    Allocation a = reserve_.front();
+    reserve_.pop_front();
+    return a;
+  }
+  // A larger run would otherwise be placed past the reserve.
+  TD_RETURN_IF_ERROR(ReleaseReserve());
+  return AllocateUnreserved(n);
+}
+
+Status Allocator::FillReserve() {
+  while (reserve_.size() < reserve_target_) {
+    // Only where a refcount block already counts the cluster: a block
+    // created for the reserve would outlive a release and move the layout.
+    TD_ASSIGN_OR_RETURN(uint64_t next, FindFree(1));
+    const uint64_t bi = next / entries_per_block_;
+    if (bi >= table_.size() || table_[bi] == 0) break;
+    TD_ASSIGN_OR_RETURN(Allocation a, AllocateUnreserved(1));
+    reserve_.push_back(a);
+  }
+  return Status::Ok();
+}
+
+Status Allocator::ReleaseReserve() {
+  // Newest first, so the space past everything in use shrinks back too.
+  while (!reserve_.empty()) {
+    const Allocation a = reserve_.back();
+    reserve_.pop_back();
+    const uint64_t c = ClusterIndex(a.offset);
+    TD_RETURN_IF_ERROR(SetRefcountOfCluster(c, 0));
+    free_hint_ = std::min(free_hint_, c);
+    const uint64_t end = a.offset + cluster_size_;
+    if (a.fresh && fresh_from_ == end) fresh_from_ = a.offset;
+    if (a.fresh && host_end_ == end) host_end_ = a.offset;
+  }
+  return Status::Ok();
+}
+
+Result<Allocator::Allocation> Allocator::AllocateUnreserved(uint64_t n) {
   // The host cluster after a partly filled compressed cluster is left for
   // the next compressed cluster to run on into (AllocateBytes): plain data
   // there would waste the partly filled cluster's tail.
@@ -230,6 +278,9 @@ Result<Allocator::Allocation> Allocator::AllocateClusters(uint64_t n) {
 
 Result<uint64_t> Allocator::AllocateBytes(uint64_t bytes) {
   if (bytes == 0 || bytes > cluster_size_) return Status::Internal("bad compressed allocation size");
+  // Compressed data runs on into the clusters after it: the reserve
+  // would hold them.
+  TD_RETURN_IF_ERROR(ReleaseReserve());
   if (compressed_cursor_ != 0) {
     uint64_t used = compressed_cursor_ & (cluster_size_ - 1);
     uint64_t cluster = compressed_cursor_ & ~(cluster_size_ - 1);
@@ -253,7 +304,7 @@ Result<uint64_t> Allocator::AllocateBytes(uint64_t bytes) {
       }
     }
   }
-  TD_ASSIGN_OR_RETURN(Allocation a, AllocateClusters(1));
+  TD_ASSIGN_OR_RETURN(Allocation a, AllocateUnreserved(1));
   compressed_cursor_ = a.offset + bytes;
   return a.offset;
 }

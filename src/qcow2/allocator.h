@@ -10,6 +10,16 @@
 // cluster is on disk (stage 5). Until then the cluster keeps its refcount,
 // so it cannot be handed out again while a racing reader may still use it.
 //
+// Reserve: single clusters (data, L2 tables) are handed out from a small
+// run allocated ahead (SetReserve): their refcounts are raised in one go and
+// reach the disk in one flush, so the flushes that follow map new clusters
+// without touching a refcount block. The reserve is taken in exactly the
+// order single allocations would be, and only inside existing refcount
+// blocks, so the image's layout does not change. Unused reserved clusters
+// are given back (ReleaseReserve) before any larger allocation, when a
+// cluster below them is freed (a single allocation would reuse it next)
+// and on close; a crash leaks them (`check -r leaks` reclaims them).
+//
 // Growth: a missing refcount block is created at the first cluster of the
 // range it covers (which is free, as the block is missing) and counts
 // itself. A refcount table too small is copied to a new, larger place; the
@@ -20,6 +30,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <set>
@@ -55,8 +66,15 @@ class Allocator {
   // kNotSupported on overflow of the refcount width.
   Status AddRefcount(uint64_t host_offset, uint64_t n, int64_t delta);
 
-  // `n` contiguous free clusters, refcount set to 1.
+  // `n` contiguous free clusters, refcount set to 1 (a single one from the
+  // reserve, when there is one).
   Result<Allocation> AllocateClusters(uint64_t n);
+  // Allocate up to `clusters` single clusters ahead (0: none, the default).
+  void SetReserve(uint64_t clusters) { reserve_target_ = clusters; }
+  // Gives every unused reserved cluster back (refcount 0 in memory, written
+  // by the next flush; nothing ever pointed at them).
+  Status ReleaseReserve();
+  uint64_t reserved() const { return reserve_.size(); }
   // `bytes` (<= cluster size) packed right after the previous compressed
   // allocation: inside its host cluster, or running on into the next host
   // cluster when that one is free (it is then allocated). Every host
@@ -109,6 +127,9 @@ class Allocator {
   // Allocates host cluster number `cluster` (refcount 1) if it is free.
   Result<bool> TakeIfFree(uint64_t cluster);
   Result<Allocation> AllocateClustersAt(uint64_t n, int depth);
+  // AllocateClusters without the reserve.
+  Result<Allocation> AllocateUnreserved(uint64_t n);
+  Status FillReserve();
   Status ValidateBlockOffset(uint64_t block_index, uint64_t offset) const;
 
   io::Storage& storage_;
@@ -132,6 +153,9 @@ class Allocator {
   uint64_t compressed_cursor_ = 0;  // next free byte in the compressed area (0 = none)
 
   std::vector<Range> deferred_;
+
+  uint64_t reserve_target_ = 0;
+  std::deque<Allocation> reserve_;  // in the order they are handed out
 };
 
 }  // namespace thindisk::qcow2

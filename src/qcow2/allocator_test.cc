@@ -179,5 +179,76 @@ TEST(AllocatorTest, RejectsRefcountBlockPastEndOfFile) {
   EXPECT_EQ(a.error().code(), Code::kCorrupt);
 }
 
+
+// The reserve hands out exactly the clusters single allocations would, in
+// the same order, and after one flush of its refcounts the next ones need
+// no refcount write at all.
+TEST(AllocatorTest, ReserveKeepsTheOrderAndSparesRefcountWrites) {
+  auto plain = Make(65536, 16);
+  auto reserved = Make(65536, 16);
+  reserved.alloc->SetReserve(8);
+  std::vector<uint64_t> want, got;
+  for (int i = 0; i < 20; ++i) {
+    auto a = plain.alloc->AllocateClusters(1);
+    auto b = reserved.alloc->AllocateClusters(1);
+    ASSERT_TRUE(a.has_value() && b.has_value());
+    EXPECT_EQ(a->fresh, b->fresh);
+    want.push_back(a->offset);
+    got.push_back(b->offset);
+    if (i == 0) {
+      // The first one creates no block itself, so the reserve fills now.
+      EXPECT_GT(reserved.alloc->reserved(), 0u);
+      ASSERT_TRUE(reserved.alloc->WriteBlocks().ok());
+      EXPECT_FALSE(reserved.alloc->HasDirtyBlocks());
+    } else if (i < 8) {
+      EXPECT_FALSE(reserved.alloc->HasDirtyBlocks()) << "allocation " << i;
+    }
+  }
+  EXPECT_EQ(got, want);
+}
+
+// Giving the reserve back restores everything: refcounts, the zero-reading
+// tail, and where the next (larger) allocation goes.
+TEST(AllocatorTest, ReleasedReserveIsFreeAndFreshAgain) {
+  auto f = Make(65536, 16);
+  f.alloc->SetReserve(8);
+  const uint64_t end0 = f.alloc->host_end();
+  auto a = f.alloc->AllocateClusters(1);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_EQ(f.alloc->reserved(), 7u);
+  EXPECT_EQ(f.alloc->host_end(), a->offset + 8 * 65536);
+  ASSERT_TRUE(f.alloc->ReleaseReserve().ok());
+  EXPECT_EQ(f.alloc->reserved(), 0u);
+  EXPECT_EQ(f.alloc->host_end(), std::max(end0, a->offset + 65536));
+  for (uint64_t i = 1; i < 8; ++i) EXPECT_EQ(*f.alloc->GetRefcount(a->offset + i * 65536), 0u);
+  auto b = f.alloc->AllocateClusters(3);  // past nothing: right after `a`
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->offset, a->offset + 65536);
+  EXPECT_TRUE(b->fresh);
+}
+
+// A larger allocation gives the reserve back first, so it lands where it
+// would have without one; so does a cluster freed below the reserve.
+TEST(AllocatorTest, ReserveYieldsToRunsAndToFreedClusters) {
+  auto f = Make(65536, 16);
+  f.alloc->SetReserve(8);
+  auto a = f.alloc->AllocateClusters(1);
+  auto b = f.alloc->AllocateClusters(1);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  auto run = f.alloc->AllocateClusters(2);
+  ASSERT_TRUE(run.has_value());
+  EXPECT_EQ(run->offset, b->offset + 65536);
+  EXPECT_EQ(f.alloc->reserved(), 0u);
+  auto c = f.alloc->AllocateClusters(1);  // fills the reserve again
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->offset, run->offset + 2 * 65536);
+  ASSERT_GT(f.alloc->reserved(), 0u);
+  ASSERT_TRUE(f.alloc->ApplyFrees({{a->offset, 1}}, nullptr).ok());
+  EXPECT_EQ(f.alloc->reserved(), 0u);
+  auto d = f.alloc->AllocateClusters(1);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->offset, a->offset);
+}
+
 }  // namespace
 }  // namespace thindisk::qcow2

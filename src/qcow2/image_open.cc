@@ -178,6 +178,12 @@ Status ImageImpl::Init(const OpenOptions& options, uint64_t file_size) {
   l2_cache_ = std::make_unique<TableCache>(*storage_, cluster_size_, l2_tables, flush_hook);
   TD_ASSIGN_OR_RETURN(allocator_,
                       Allocator::Open(*storage_, header_, file_size, rc_tables, flush_hook));
+  // Single clusters come from a reserve of up to 8 MiB (64 clusters at
+  // most): a flush then rarely writes a refcount block, and a crash leaks
+  // at most that much.
+  if (!read_only_) {
+    allocator_->SetReserve(std::clamp<uint64_t>((8ull << 20) >> cluster_bits_, 1, 64));
+  }
 
   // 4. The backing file.
   if (!header_.backing_file.empty() && !options.no_backing) {
@@ -211,7 +217,14 @@ Status ImageImpl::CheckRange(uint64_t offset, uint64_t length) const {
 Status ImageImpl::Close() {
   std::lock_guard flush_lock(flush_mu_);
   if (closed_.load()) return Status::Ok();
-  Status s = read_only_ ? Status::Ok() : FlushAll();
+  Status s = Status::Ok();
+  if (!read_only_) {
+    {
+      std::lock_guard lock(mu_);
+      s = allocator_->ReleaseReserve();
+    }
+    if (s.ok()) s = FlushAll();
+  }
   // Frees applied by the last stage 5 are still dirty refcounts: write them.
   if (s.ok() && !read_only_) {
     std::lock_guard lock(mu_);

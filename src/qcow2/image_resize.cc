@@ -144,6 +144,11 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
   std::lock_guard flush_lock(flush_mu_);
   const uint64_t old_size = size_.load();
   if (new_size == old_size) return Status::Ok();
+  {
+    // The file's tail may be cut below: no reserved cluster may stay there.
+    std::lock_guard lock(mu_);
+    TD_RETURN_IF_ERROR(allocator_->ReleaseReserve());
+  }
 
   uint32_t snapshots = 0;
   {
