@@ -107,12 +107,15 @@ cycle() {
   verify "$name.sock" "$hlog" "$name: after freeing space"
   live_check "$img" "after freeing space"
 
-  # 4. A clean stop, then the image on its own.
+  # 4. A clean stop, then the image on its own: no errors and no leaks.
+  # While serving, the engine held a reserve of clusters allocated ahead
+  # (their refcounts raised, the space not yet written) and wrote into it
+  # when the disk filled; a clean stop gives back what it did not use.
   stop_server "$pid" "$name"
   rc=0
   "$TD" check "$img" >tcheck.out 2>&1 || rc=$?
-  [[ $rc == 0 || $rc == 3 ]] || { cat tcheck.out >&2; fail "$name: thindisk check exited $rc"; }
-  live_check "$img" "after stopping"
+  [[ $rc == 0 ]] || { cat tcheck.out >&2; fail "$name: thindisk check exited $rc after a clean stop"; }
+  check_clean "$img"
   serve_unix "$name-ro" "$name-ro.sock" -r "$img"
   verify "$name-ro.sock" "$hlog" "$name: after a restart"
   stop_server "$SERVER_PID" "$name-ro"
