@@ -20,7 +20,8 @@ using testing::Pattern;
 // Counts announced steps and the bytes of the write after each, and syncs.
 class StepCounter : public io::ForwardingStorage {
  public:
-  explicit StepCounter(std::unique_ptr<io::Storage> inner) : ForwardingStorage(std::move(inner)) {}
+  explicit StepCounter(std::unique_ptr<io::Storage> inner)
+      : ForwardingStorage(std::move(inner)) {}
   void Announce(io::Event e) override {
     std::lock_guard lock(mu_);
     last_ = e;

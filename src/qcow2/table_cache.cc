@@ -53,8 +53,8 @@ Status TableCache::WriteTable(Table& t) {
     const uint64_t from = s * kSector;
     const uint64_t to = std::min<uint64_t>(end * kSector, t.data.size());
     storage_.Announce(update_event_);
-    TD_RETURN_IF_ERROR(
-        storage_.WriteAt(t.offset + from, std::span<const uint8_t>(t.data).subspan(from, to - from)));
+    const auto piece = std::span<const uint8_t>(t.data).subspan(from, to - from);
+    TD_RETURN_IF_ERROR(storage_.WriteAt(t.offset + from, piece));
     s = end;
   }
   return Status::Ok();

@@ -8,9 +8,11 @@
 // changed and writes only those (runs of them, joined across short clean
 // gaps), so a flush after one new mapping writes one sector of the L2 table
 // and one of the refcount block, not two whole clusters. A table made by
-// New() is written whole the first time: its cluster may hold old bytes. When the cache is full and its least recently used
-// unpinned table is dirty, the cache first calls the owner's flush hook
-// (which runs the whole ordered flush, cleaning every table) and then evicts.
+// New() is written whole the first time: its cluster may hold old bytes.
+//
+// When the cache is full and its least recently used unpinned table is
+// dirty, the cache first calls the owner's flush hook (which runs the whole
+// ordered flush, cleaning every table) and then evicts.
 //
 // A table is pinned while a caller holds its shared_ptr: pinned tables are
 // never evicted, so a pointer stays valid across other cache calls.

@@ -10,10 +10,19 @@ namespace {
 
 constexpr uint64_t kTable = 512;
 
-// Remembers the extent of every write.
+// Remembers the extent of every write after it was made with `len` bytes
+// of `fill` at `offset`.
 class WriteLog final : public io::ForwardingStorage {
  public:
-  WriteLog() : ForwardingStorage(io::NewMemoryStorage()) {}
+  WriteLog(uint64_t offset, uint64_t len, uint8_t fill)
+      : ForwardingStorage(io::NewMemoryStorage()) {
+    EXPECT_TRUE(inner().WriteAt(offset, std::vector<uint8_t>(len, fill)).ok());
+  }
+  std::vector<uint8_t> Stored(uint64_t offset, uint64_t len) {
+    std::vector<uint8_t> back(len);
+    EXPECT_TRUE(inner().ReadAt(offset, back).ok());
+    return back;
+  }
   Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) override {
     writes.push_back({offset, buf.size()});
     return inner().WriteAt(offset, buf);
@@ -106,10 +115,7 @@ TEST(TableCacheTest, DropForgetsDirtyTable) {
 // sectors that changed, joining those a short gap apart into one write.
 TEST(TableCacheTest, WritesOnlyChangedSectors) {
   constexpr uint64_t kBig = 65536;
-  WriteLog log;
-  std::vector<uint8_t> on_disk(kBig, 0x11);
-  ASSERT_TRUE(log.WriteAt(kBig, on_disk).ok());
-  log.writes.clear();
+  WriteLog log(kBig, kBig, 0x11);
   TableCache cache(log, kBig, 4, nullptr);
   auto t = cache.Get(kBig);
   ASSERT_TRUE(t.has_value());
@@ -118,20 +124,19 @@ TEST(TableCacheTest, WritesOnlyChangedSectors) {
     for (uint64_t i = at; i < at + len; ++i) table.data[i] = 0x22;
     cache.MarkDirty(table, at, len);
   };
-  change(100, 16);          // sector 0
-  change(1024 + 510, 4);    // sectors 2 and 3: joined with sector 0 (gap of one)
-  change(32768, 8);         // sector 64: far away, a write of its own
-  change(kBig - 8, 8);      // the last sector
+  change(100, 16);        // sector 0
+  change(1024 + 510, 4);  // sectors 2 and 3: joined with sector 0 (gap of one)
+  change(32768, 8);       // sector 64: far away, a write of its own
+  change(kBig - 8, 8);    // the last sector
   ASSERT_TRUE(cache.WriteDirty().ok());
   std::vector<std::pair<uint64_t, uint64_t>> want = {
       {kBig, 4 * 512}, {kBig + 32768, 512}, {kBig + kBig - 512, 512}};
   EXPECT_EQ(log.writes, want);
   EXPECT_FALSE(cache.HasDirty());
   // What reached storage is exactly the table in memory.
-  std::vector<uint8_t> back(kBig);
-  ASSERT_TRUE(log.ReadAt(kBig, back).ok());
-  EXPECT_EQ(back, table.data);
-  // Written sectors are clean again: a second write-back writes nothing.
+  EXPECT_EQ(log.Stored(kBig, kBig), table.data);
+  // Written sectors are clean again: the next write-back writes only what
+  // changed since.
   log.writes.clear();
   change(40000, 1);
   ASSERT_TRUE(cache.WriteDirty().ok());
@@ -143,10 +148,7 @@ TEST(TableCacheTest, WritesOnlyChangedSectors) {
 // write covers all of it, later ones only what changed.
 TEST(TableCacheTest, NewTableIsWrittenWholeOnce) {
   constexpr uint64_t kBig = 8192;
-  WriteLog log;
-  std::vector<uint8_t> junk(kBig, 0xee);
-  ASSERT_TRUE(log.WriteAt(kBig, junk).ok());
-  log.writes.clear();
+  WriteLog log(kBig, kBig, 0xee);
   TableCache cache(log, kBig, 4, nullptr);
   auto t = cache.New(kBig);
   ASSERT_TRUE(t.has_value());
@@ -155,9 +157,7 @@ TEST(TableCacheTest, NewTableIsWrittenWholeOnce) {
   ASSERT_TRUE(cache.WriteDirty().ok());
   std::vector<std::pair<uint64_t, uint64_t>> want = {{kBig, kBig}};
   EXPECT_EQ(log.writes, want);
-  std::vector<uint8_t> back(kBig);
-  ASSERT_TRUE(log.ReadAt(kBig, back).ok());
-  EXPECT_EQ(back, (*t)->data);
+  EXPECT_EQ(log.Stored(kBig, kBig), (*t)->data);
   log.writes.clear();
   (*t)->data[5000] = 2;
   cache.MarkDirty(**t, 5000, 1);
