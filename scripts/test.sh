@@ -87,7 +87,7 @@ if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
   done
   # Only the threaded cases of these (the rest is single-threaded and slow).
   "$TSAN_BIN/src/qcow2/qcow2_engine_test" --gtest_brief=1 \
-    --gtest_filter='*Concurrency*:*FlushOrdering*:RangeLock*' || tsan_ok=0
+    --gtest_filter='*Concurrency*:*FlushOrdering*:RangeLock*:*FaultIsolation*' || tsan_ok=0
   "$TSAN_BIN/src/util/compress_test" --gtest_brief=1 --gtest_filter='*Concurrent*' || tsan_ok=0
   # The bench runner's workers (QD 4) on the real engine, and convert -c's
   # compression threads, at tiny sizes.
