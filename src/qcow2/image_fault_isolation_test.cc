@@ -53,27 +53,14 @@ class PoisonedRange final : public io::ForwardingStorage {
   std::atomic<uint64_t> failures_{0};
 };
 
-struct Poisoned {
-  io::MemoryStorage* mem = nullptr;
-  PoisonedRange* storage = nullptr;
-  std::unique_ptr<Image> image;
-};
+using Poisoned = testing::WrappedImage<PoisonedRange>;
 
 Poisoned Open(uint32_t cluster_size, bool extended) {
   CreateOptions co;
   co.size = 64 << 20;
   co.cluster_size = cluster_size;
   co.extended_l2 = extended;
-  auto mem = io::NewMemoryStorage("poisoned.qcow2");
-  EXPECT_TRUE(Create(*mem, co).ok());
-  Poisoned p;
-  p.mem = mem.get();
-  auto storage = std::make_unique<PoisonedRange>(std::move(mem));
-  p.storage = storage.get();
-  auto image = Image::Open(std::move(storage), {});
-  EXPECT_TRUE(image.has_value()) << image.status().ToString();
-  if (image.has_value()) p.image = std::move(*image);
-  return p;
+  return testing::CreateWrapped<PoisonedRange>(co);
 }
 
 class FaultIsolationTest : public ::testing::TestWithParam<std::tuple<uint32_t, bool>> {
@@ -99,7 +86,7 @@ TEST_P(FaultIsolationTest, AFailedReadFailsOnlyItself) {
   constexpr int kBad = 5;
   auto st = p.image->GetStatus(uint64_t(kBad) * kBlock * 3, kBlock);
   ASSERT_TRUE(st.has_value() && st->has_host_offset);
-  p.storage->Poison(st->host_offset, 512);
+  p.wrapper->Poison(st->host_offset, 512);
 
   std::atomic<int> wrong_data{0}, unexpected{0}, bad_failed{0};
   auto worker = [&](int t) {
@@ -122,7 +109,7 @@ TEST_P(FaultIsolationTest, AFailedReadFailsOnlyItself) {
       << "a read other than the poisoned one failed, or it did not";
   EXPECT_EQ(wrong_data.load(), 0);
   EXPECT_EQ(bad_failed.load(), kRounds);
-  p.storage->Cure();
+  p.wrapper->Cure();
   std::vector<uint8_t> got(kBlock);
   ASSERT_TRUE(p.image->Read(uint64_t(kBad) * kBlock * 3, got).ok());
   EXPECT_TRUE(got == data[kBad]);
@@ -146,7 +133,7 @@ TEST_P(FaultIsolationTest, AFailedWriteFailsOnlyItself) {
   std::vector<std::vector<bool>> acked(kThreads, std::vector<bool>(kRounds, false));
   for (int t = 0; t < kThreads; ++t) data[t] = Pattern(40 + t, kBlock);
   // Poison the host cluster the fifth of those first writes is given.
-  p.storage->Poison(file_end + 4 * cs, 512);
+  p.wrapper->Poison(file_end + 4 * cs, 512);
   auto guest = [&](int t, int r) { return (uint64_t(r) * kThreads + t) * kBlock * 2; };
   auto worker = [&](int t) {
     for (int r = 0; r < kRounds; ++r) {
@@ -165,9 +152,9 @@ TEST_P(FaultIsolationTest, AFailedWriteFailsOnlyItself) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(unexpected.load(), 0);
   EXPECT_GE(failed.load(), 1) << "no write was placed on the poisoned range";
-  EXPECT_LE(uint64_t(failed.load()), p.storage->failures());
+  EXPECT_LE(uint64_t(failed.load()), p.wrapper->failures());
   EXPECT_LT(failed.load(), kThreads * kRounds / 4) << "one bad range failed many writes";
-  p.storage->Cure();
+  p.wrapper->Cure();
   ASSERT_TRUE(p.image->Flush().ok());
   std::vector<uint8_t> got(kBlock);
   for (int t = 0; t < kThreads; ++t) {

@@ -69,27 +69,14 @@ class StepCounter : public io::ForwardingStorage {
   uint64_t syncs_ = 0;
 };
 
-struct Opened {
-  io::MemoryStorage* mem = nullptr;
-  StepCounter* counter = nullptr;
-  std::unique_ptr<Image> image;
-};
+using Opened = testing::WrappedImage<StepCounter>;
 
 Opened OpenCounted(uint32_t cluster_size, bool extended) {
   CreateOptions co;
   co.size = 1ull << 30;
   co.cluster_size = cluster_size;
   co.extended_l2 = extended;
-  auto storage = io::NewMemoryStorage("sync.qcow2");
-  EXPECT_TRUE(Create(*storage, co).ok());
-  Opened o;
-  o.mem = storage.get();
-  auto counter = std::make_unique<StepCounter>(std::move(storage));
-  o.counter = counter.get();
-  auto image = Image::Open(std::move(counter), {});
-  EXPECT_TRUE(image.has_value()) << image.status().ToString();
-  if (image.has_value()) o.image = std::move(*image);
-  return o;
+  return testing::CreateWrapped<StepCounter>(co);
 }
 
 class SyncWriteTest : public ::testing::TestWithParam<std::tuple<uint32_t, bool>> {};
@@ -106,19 +93,19 @@ TEST_P(SyncWriteTest, FlushAfterAFirstWriteWritesASectorOfMetadata) {
   const auto data = Pattern(1, 4096);
   ASSERT_TRUE(o.image->Write(0, data).ok());
   ASSERT_TRUE(o.image->Flush().ok());
-  o.counter->Reset();
+  o.wrapper->Reset();
   constexpr int kWrites = 24;  // fewer than the reserve of 64 (8 MiB / cs)
   for (int i = 1; i <= kWrites; ++i) {
     ASSERT_TRUE(o.image->Write(uint64_t(i) * 7 * cs + 8192, data).ok());
     ASSERT_TRUE(o.image->Flush().ok());
   }
-  EXPECT_EQ(o.counter->count(io::Event::kRefblockUpdate), 0u);
-  EXPECT_EQ(o.counter->count(io::Event::kRefblockAlloc), 0u);
-  EXPECT_EQ(o.counter->count(io::Event::kL2Update), uint64_t(kWrites));
-  EXPECT_EQ(o.counter->bytes(io::Event::kL2Update), uint64_t(kWrites) * 512);
-  EXPECT_EQ(o.counter->bytes(io::Event::kDataWrite), uint64_t(kWrites) * 4096);
+  EXPECT_EQ(o.wrapper->count(io::Event::kRefblockUpdate), 0u);
+  EXPECT_EQ(o.wrapper->count(io::Event::kRefblockAlloc), 0u);
+  EXPECT_EQ(o.wrapper->count(io::Event::kL2Update), uint64_t(kWrites));
+  EXPECT_EQ(o.wrapper->bytes(io::Event::kL2Update), uint64_t(kWrites) * 512);
+  EXPECT_EQ(o.wrapper->bytes(io::Event::kDataWrite), uint64_t(kWrites) * 4096);
   // The ordering rule's two syncs: data durable, then the mapping.
-  EXPECT_EQ(o.counter->syncs(), uint64_t(kWrites) * 2);
+  EXPECT_EQ(o.wrapper->syncs(), uint64_t(kWrites) * 2);
   std::vector<uint8_t> back(4096);
   for (int i = 1; i <= kWrites; ++i) {
     ASSERT_TRUE(o.image->Read(uint64_t(i) * 7 * cs + 8192, back).ok());

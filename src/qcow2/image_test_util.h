@@ -59,6 +59,31 @@ inline MemImage Reopen(MemImage& m, OpenOptions oo = {}) {
   return r;
 }
 
+// A freshly created image on MemoryStorage seen through a storage wrapper
+// `W` (a test's recorder or fault injector, constructed from the inner
+// storage). Both pointers stay valid while the image lives.
+template <class W>
+struct WrappedImage {
+  io::MemoryStorage* mem = nullptr;
+  W* wrapper = nullptr;
+  std::unique_ptr<Image> image;
+};
+
+template <class W>
+WrappedImage<W> CreateWrapped(const CreateOptions& co, OpenOptions oo = {}) {
+  WrappedImage<W> m;
+  auto mem = io::NewMemoryStorage("test.qcow2");
+  Status s = Create(*mem, co);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  m.mem = mem.get();
+  auto wrapper = std::make_unique<W>(std::move(mem));
+  m.wrapper = wrapper.get();
+  auto img = Image::Open(std::move(wrapper), oo);
+  EXPECT_TRUE(img.has_value()) << img.status().ToString();
+  if (img) m.image = std::move(*img);
+  return m;
+}
+
 // Immutable bytes shared by the fake backing devices of many opens.
 using SharedBytes = std::shared_ptr<const std::vector<uint8_t>>;
 
