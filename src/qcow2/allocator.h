@@ -29,6 +29,7 @@
 // metadata mutex).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -71,6 +72,11 @@ class Allocator {
   Result<Allocation> AllocateClusters(uint64_t n);
   // Allocate up to `clusters` single clusters ahead (0: none, the default).
   void SetReserve(uint64_t clusters) { reserve_target_ = clusters; }
+  // The reserve an image opened for writing keeps: 8 MiB of clusters, 64 at
+  // most (a crash leaks at most that much), at least one.
+  static uint64_t DefaultReserve(uint64_t cluster_size) {
+    return std::clamp<uint64_t>((uint64_t{8} << 20) / cluster_size, 1, 64);
+  }
   // Gives every unused reserved cluster back (refcount 0 in memory, written
   // by the next flush; nothing ever pointed at them).
   Status ReleaseReserve();

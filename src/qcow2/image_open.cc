@@ -178,12 +178,9 @@ Status ImageImpl::Init(const OpenOptions& options, uint64_t file_size) {
   l2_cache_ = std::make_unique<TableCache>(*storage_, cluster_size_, l2_tables, flush_hook);
   TD_ASSIGN_OR_RETURN(allocator_,
                       Allocator::Open(*storage_, header_, file_size, rc_tables, flush_hook));
-  // Single clusters come from a reserve of up to 8 MiB (64 clusters at
-  // most): a flush then rarely writes a refcount block, and a crash leaks
-  // at most that much.
-  if (!read_only_) {
-    allocator_->SetReserve(std::clamp<uint64_t>((8ull << 20) >> cluster_bits_, 1, 64));
-  }
+  // Single clusters come from a reserve: a flush then rarely writes a
+  // refcount block.
+  if (!read_only_) allocator_->SetReserve(Allocator::DefaultReserve(cluster_size_));
 
   // 4. The backing file.
   if (!header_.backing_file.empty() && !options.no_backing) {

@@ -3,12 +3,12 @@
 // still hold; a crash leaks at most the reserve, a close leaks nothing.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <array>
 #include <mutex>
 #include <vector>
 
 #include "io/forwarding_storage.h"
+#include "qcow2/allocator.h"
 #include "qcow2/check.h"
 #include "qcow2/image_test_util.h"
 
@@ -138,7 +138,7 @@ TEST_P(SyncWriteTest, CrashLeaksAtMostTheReserve) {
   auto check = Check(*crashed, RepairMode::kNone);
   ASSERT_TRUE(check.has_value()) << check.status().ToString();
   EXPECT_EQ(check->corruptions, 0u);
-  const uint64_t reserve = std::clamp<uint64_t>((8ull << 20) / cs, 1, 64);
+  const uint64_t reserve = Allocator::DefaultReserve(cs);
   EXPECT_GT(check->leaks, 0u);
   EXPECT_LE(check->leaks, reserve);
   auto repaired = Check(*crashed, RepairMode::kLeaks);

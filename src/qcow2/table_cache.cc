@@ -21,9 +21,9 @@ void TableCache::MarkDirty(Table& t) { MarkDirty(t, 0, t.data.size()); }
 void TableCache::MarkDirty(Table& t, uint64_t offset, uint64_t len) {
   if (len == 0) return;
   const uint64_t sectors = (t.data.size() + kSector - 1) / kSector;
-  t.dirty_sectors.resize((sectors + 63) / 64, 0);
+  t.dirty_sectors.resize(sectors, false);
   const uint64_t last = std::min((offset + len - 1) / kSector, sectors - 1);
-  for (uint64_t s = offset / kSector; s <= last; ++s) t.dirty_sectors[s / 64] |= 1ull << (s % 64);
+  for (uint64_t s = offset / kSector; s <= last; ++s) t.dirty_sectors[s] = true;
   if (!t.dirty) {
     t.dirty = true;
     ++dirty_count_;
@@ -37,7 +37,7 @@ Status TableCache::WriteTable(Table& t) {
   }
   const uint64_t sectors = (t.data.size() + kSector - 1) / kSector;
   auto is_dirty = [&](uint64_t s) {
-    return s / 64 < t.dirty_sectors.size() && (t.dirty_sectors[s / 64] >> (s % 64) & 1);
+    return s < t.dirty_sectors.size() && t.dirty_sectors[s];
   };
   uint64_t s = 0;
   while (s < sectors) {

@@ -39,9 +39,9 @@ struct Table {
   std::vector<uint8_t> data;
   bool dirty = false;
   bool fresh = false;  // created by New() and not yet written
-  // One bit per 512-byte sector changed since the last write (all of them
-  // for a fresh table).
-  std::vector<uint64_t> dirty_sectors;
+  // Per 512-byte sector: changed since the last write (all of them for a
+  // fresh table).
+  std::vector<bool> dirty_sectors;
 };
 
 class TableCache {
