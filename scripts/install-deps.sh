@@ -12,8 +12,13 @@ PACKAGES=(
   # libraries
   zlib1g-dev libzstd-dev liburing-dev libcli11-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev libnbd-dev
+  # librados: C API (librados-dev) and the C++ one io::RadosStorage uses (libradospp-dev)
+  librados-dev libradospp-dev
   # the tools our interop tests judge us by
   qemu-utils libnbd-bin fio nbdkit jq
+  # the throwaway one-node Ceph cluster of the RADOS tests (scripts/ceph-cluster.sh):
+  # mon and osd daemons, the ceph/rados CLIs (nothing starts them without systemd)
+  ceph-mon ceph-osd ceph-common
   # bench/compare and a test script compute with it
   python3
   # tests/install: man pages read with man and groff; the installed unit run by
