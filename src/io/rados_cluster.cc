@@ -1,0 +1,72 @@
+#include "io/rados_cluster.h"
+
+#include <map>
+#include <mutex>
+#include <utility>
+
+namespace thindisk::io {
+namespace {
+
+std::mutex registry_mu;
+// (conf, id) -> the live connection, if any. Weak: see the header.
+std::map<std::pair<std::string, std::string>, std::weak_ptr<RadosCluster>>& Registry() {
+  static auto* registry =
+      new std::map<std::pair<std::string, std::string>, std::weak_ptr<RadosCluster>>;
+  return *registry;
+}
+
+std::string ConfShown(const RadosName& name) {
+  return name.conf.empty() ? std::string("$CEPH_CONF or /etc/ceph/ceph.conf") : name.conf;
+}
+
+}  // namespace
+
+RadosCluster::~RadosCluster() {
+  // shutdown() also frees a Rados that init()ed but never connected.
+  rados_.shutdown();
+}
+
+Result<std::shared_ptr<RadosCluster>> RadosCluster::Get(const RadosName& name) {
+  std::lock_guard<std::mutex> lock(registry_mu);
+  auto key = std::make_pair(name.conf, name.id);
+  if (auto live = Registry()[key].lock()) return live;
+
+  const std::string what = name.ToString();
+  std::shared_ptr<RadosCluster> cluster(new RadosCluster);
+  librados::Rados& r = cluster->rados_;
+  int ret = r.init(name.id.empty() ? nullptr : name.id.c_str());
+  if (ret < 0) return Status::FromErrno(-ret, what + ": librados init");
+  // 1. The conf file: the one named, else librados' search ($CEPH_CONF,
+  //    /etc/ceph/ceph.conf, ~/.ceph/config, ./ceph.conf).
+  ret = r.conf_read_file(name.conf.empty() ? nullptr : name.conf.c_str());
+  if (ret < 0) {
+    return Status::FromErrno(-ret, what + ": read ceph.conf (" + ConfShown(name) +
+                                       "; set CEPH_CONF or add ?conf=PATH)");
+  }
+  // 2. A bounded connect, unless CEPH_ARGS (applied next) says otherwise.
+  ret = r.conf_set("client_mount_timeout", std::to_string(kMountTimeoutSeconds).c_str());
+  if (ret < 0) return Status::FromErrno(-ret, what + ": set client_mount_timeout");
+  ret = r.conf_parse_env(nullptr);  // CEPH_ARGS
+  if (ret < 0) return Status::FromErrno(-ret, what + ": parse CEPH_ARGS");
+  // 3. Connect (monitors, then the OSD map).
+  ret = r.connect();
+  if (ret < 0) {
+    return Status::FromErrno(-ret, what + ": connect to the cluster of " + ConfShown(name) +
+                                       " (waited up to client_mount_timeout, " +
+                                       std::to_string(kMountTimeoutSeconds) + " s by default)");
+  }
+  Registry()[key] = cluster;
+  return cluster;
+}
+
+Result<librados::IoCtx> RadosCluster::OpenPool(const RadosName& name) {
+  librados::IoCtx io;
+  const int ret = rados_.ioctx_create(name.pool.c_str(), io);
+  if (ret == -ENOENT) {
+    return Status::NotFound(name.ToString() + ": pool '" + name.pool + "' does not exist", ENOENT);
+  }
+  if (ret < 0) return Status::FromErrno(-ret, name.ToString() + ": open pool '" + name.pool + "'");
+  return io;
+}
+
+}  // namespace thindisk::io

@@ -1,0 +1,167 @@
+// RadosStorage: io::Storage over Ceph RADOS objects (librados C++ API), so
+// a thindisk image (qcow2 or raw) can live in a pool instead of a file.
+//
+// Layout of image IMAGE in pool POOL (name: io/rados_name.h):
+//  - "IMAGE.header": the header object (io/rados_header.h): magic, version,
+//    object size, byte size, data limit.
+//  - "IMAGE.<index>": data object `index` (16 lower-case hex digits) holds
+//    bytes [index * object_size, (index + 1) * object_size). Objects never
+//    written do not exist; a missing object, or the part past a short
+//    object's end, reads as zeros. Names cannot collide between images: a
+//    data suffix is 17 characters that never end in "header".
+//
+// I/O: a request is split at object boundaries; the pieces of one call go
+// out together as asynchronous librados operations (up to kMaxInFlight at a
+// time) and the call returns when all have completed, with the first error.
+// Each call is independent, so concurrent callers overlap freely; RADOS
+// orders operations per object and client, nothing across objects.
+//
+// Durability. A librados write completes when the OSDs have committed it
+// (Ceph acks a write only once it is in every acting replica's store;
+// there is no separate "in memory" ack since Luminous), and WriteAt returns
+// only after its completions. So data needs nothing more at Flush. The byte
+// size is the one thing kept in memory: WriteAt past the end raises it at
+// once for readers, and Flush writes it into the header object (one write,
+// only when it changed). Persisting it on every extending write would add a
+// round trip to most first writes of a growing qcow2 file; a POSIX file's
+// size is likewise durable at fdatasync, not before.
+//
+// No stale bytes after a crash (DESIGN.md P2): writes past the durable size
+// may land before a crash and the size may not. The header's data_limit
+// bounds them: it is raised (durably, before the data write is sent) in
+// steps of kLimitStepObjects objects, so it changes once per 256 MiB of
+// growth with 4 MiB objects. A read-write open whose header shows
+// data_limit above the size zeroes and removes what lies in between (at
+// most a step's worth of objects) before anything can grow over it; a clean
+// close lowers data_limit to the size. Within a session every byte at or
+// past Size() is zero, so Resize growing just records the new size.
+//
+// Space: PunchHole and ZeroRange remove whole objects and zero (or, at an
+// object's tail, truncate) partial ones; neither ever creates an object.
+// Resize shrinking removes and truncates past the new end before it records
+// the size. Allocate is kNotSupported (RADOS reserves nothing ahead).
+// NextData/NextHole stat objects (bounded: kMaxStatObjects a call, then
+// "data"); AllocatedBytes sums object sizes when the data limit spans at
+// most kMaxStatObjects objects, else reports 0 (unknown).
+//
+// Not yet: the exclusive lock on the header object (cls lock + watch) that
+// makes one writer per image across hosts. Its place is OpenRados's step 3,
+// where the read-write open will take it before recovery writes anything.
+//
+// Thread safety: all methods may be called concurrently (storage.h).
+// Lifetime: each storage holds its cluster connection (io/rados_cluster.h).
+// Errors name the image, the object and librados' error:
+// "rados://pool/disk: write disk.0000000000000003: No space left on device".
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+
+#include "io/rados_cluster.h"
+#include "io/rados_header.h"
+#include "io/rados_name.h"
+#include "io/storage.h"
+
+namespace thindisk::io {
+
+// Creates image `name` (rados://POOL/IMAGE...) of `size` bytes, with data
+// objects of `object_size` bytes (a power of two, 4 KiB..128 MiB). Writes
+// only the header object, so any size takes one round trip. kBusy (EEXIST)
+// if the image exists; kNotFound if the pool does not.
+Status CreateRados(const std::string& name, uint64_t size,
+                   uint64_t object_size = uint64_t(1) << RadosHeader::kDefaultObjectOrder);
+
+// Opens an existing image. options.read_only refuses writes; options.create
+// creates a missing image (size 0, 4 MiB objects) and with exclusive fails
+// if it exists. options.cache is ignored (every write is committed when it
+// returns). options.lock is not implemented yet (see above).
+Result<std::unique_ptr<Storage>> OpenRados(const std::string& name, const OpenOptions& options);
+
+// Removes the image: its data objects, then its header (so an interrupted
+// remove leaves an image that can be removed again). Costs one remove per
+// object index below the data limit when that is at most kMaxIndexRemove
+// objects, else one listing of the pool: it grows with what was written,
+// never with the virtual size. kNotFound when there is no such image.
+Status RemoveRados(const std::string& name);
+
+class RadosStorage final : public Storage {
+ public:
+  static constexpr size_t kMaxInFlight = 64;        // aio ops per call at a time
+  static constexpr uint64_t kLimitStepObjects = 64;  // data_limit grows in these steps
+  static constexpr uint64_t kMaxStatObjects = 4096;  // NextData/Hole, AllocatedBytes
+  static constexpr uint64_t kMaxIndexRemove = 4096;  // RemoveRados by index, else list
+
+  ~RadosStorage() override;
+  RadosStorage(const RadosStorage&) = delete;
+  RadosStorage& operator=(const RadosStorage&) = delete;
+
+  Status ReadAt(uint64_t offset, std::span<uint8_t> buf) override;
+  Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) override;
+  Status Flush() override;
+  Result<uint64_t> Size() override { return size_.load(); }
+  Status Resize(uint64_t size) override;
+  Status Allocate(uint64_t offset, uint64_t length) override;
+  Status PunchHole(uint64_t offset, uint64_t length) override;
+  Status ZeroRange(uint64_t offset, uint64_t length) override;
+  Result<uint64_t> NextData(uint64_t offset) override;
+  Result<uint64_t> NextHole(uint64_t offset) override;
+  Result<uint64_t> AllocatedBytes() override;
+  uint64_t bytes_written() const override { return bytes_written_.load(); }
+  const std::string& name() const override { return uri_; }
+
+  uint64_t object_size() const { return object_size_; }
+  // "IMAGE.<16 hex digits>", the data object holding byte index * object_size.
+  std::string ObjectName(uint64_t index) const;
+
+ private:
+  friend Result<std::unique_ptr<Storage>> OpenRados(const std::string&, const OpenOptions&);
+  friend Status RemoveRados(const std::string&);
+
+  RadosStorage(std::shared_ptr<RadosCluster> cluster, librados::IoCtx io, const RadosName& name,
+               const RadosHeader& header, bool read_only);
+
+  Status Error(int ret, const std::string& op) const;
+  Status CheckWritable() const;
+  // Writes the header with the current size and `data_limit`; the caller
+  // holds header_mu_. Updates durable_size_ and data_limit_.
+  Status WriteHeaderLocked(uint64_t data_limit);
+  // Makes every byte in [from, data_limit_) zero: truncates the object
+  // holding `from` and removes those after it. Caller holds header_mu_.
+  Status ClearFromLocked(uint64_t from);
+  // Zeroes [offset, offset + length) inside objects without creating any.
+  Status ClearRange(uint64_t offset, uint64_t length);
+  // Removes data objects [first, last) (missing ones are fine).
+  Status RemoveObjects(uint64_t first, uint64_t last);
+  // Sizes of objects [first, first + count), -1 for missing ones.
+  Status StatObjects(uint64_t first, uint64_t count, std::vector<int64_t>& sizes);
+  // Raises the in-memory size to at least `end`, and the durable data limit
+  // over it when needed (before the caller's data write is sent).
+  Status ExtendTo(uint64_t end);
+
+  uint64_t RoundUpToObject(uint64_t v) const { return (v + object_size_ - 1) & ~(object_size_ - 1); }
+
+  // Declaration order = destruction order reversed: io_ goes before the
+  // connection it belongs to.
+  const std::shared_ptr<RadosCluster> cluster_;
+  librados::IoCtx io_;
+  const RadosName rname_;
+  const std::string uri_;
+  const std::string header_oid_;
+  const uint32_t object_order_;
+  const uint64_t object_size_;
+  const bool read_only_;
+
+  std::atomic<uint64_t> size_;        // what Size() says; may be ahead of the header
+  std::atomic<uint64_t> data_limit_;  // as in the header (raised before writes past it)
+  std::atomic<uint64_t> bytes_written_{0};
+  // Serializes header writes and the size changes that need one (Flush,
+  // Resize, raising data_limit).
+  std::mutex header_mu_;
+  uint64_t durable_size_;  // the size in the header object; guarded by header_mu_
+};
+
+}  // namespace thindisk::io
