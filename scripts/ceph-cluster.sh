@@ -46,10 +46,11 @@ die() {
 
 # ---- stop -------------------------------------------------------------------
 
-# ours PID: true when PID is alive and its command line names this conf.
+# ours PID: true when PID is alive and one of its arguments is exactly this
+# conf's path (not a substring: /a/ceph.conf must not match /b/a/ceph.conf).
 ours() {
   [[ $1 =~ ^[0-9]+$ && -r /proc/$1/cmdline ]] || return 1
-  tr '\0' ' ' </proc/"$1"/cmdline 2>/dev/null | grep -qF -- "$CONF"
+  tr '\0' '\n' </proc/"$1"/cmdline 2>/dev/null | grep -qxF -- "$CONF"
 }
 
 # stop_daemon NAME: TERM the daemon in DIR/run/NAME.pid, KILL after 10 s.
