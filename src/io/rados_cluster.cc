@@ -15,6 +15,9 @@ std::map<std::pair<std::string, std::string>, std::weak_ptr<RadosCluster>>& Regi
   return *registry;
 }
 
+// librados' built-in client_mount_timeout, as conf_get prints it.
+constexpr const char* kLibradosMountTimeout = "300";
+
 std::string ConfShown(const RadosName& name) {
   return name.conf.empty() ? std::string("$CEPH_CONF or /etc/ceph/ceph.conf") : name.conf;
 }
@@ -32,6 +35,7 @@ Result<std::shared_ptr<RadosCluster>> RadosCluster::Get(const RadosName& name) {
   if (auto live = Registry()[key].lock()) return live;
 
   const std::string what = name.ToString();
+  std::string timeout_shown = std::to_string(kMountTimeoutSeconds);
   std::shared_ptr<RadosCluster> cluster(new RadosCluster);
   librados::Rados& r = cluster->rados_;
   int ret = r.init(name.id.empty() ? nullptr : name.id.c_str());
@@ -43,17 +47,24 @@ Result<std::shared_ptr<RadosCluster>> RadosCluster::Get(const RadosName& name) {
     return Status::FromErrno(-ret, what + ": read ceph.conf (" + ConfShown(name) +
                                        "; set CEPH_CONF or add ?conf=PATH)");
   }
-  // 2. A bounded connect, unless CEPH_ARGS (applied next) says otherwise.
-  ret = r.conf_set("client_mount_timeout", std::to_string(kMountTimeoutSeconds).c_str());
-  if (ret < 0) return Status::FromErrno(-ret, what + ": set client_mount_timeout");
   ret = r.conf_parse_env(nullptr);  // CEPH_ARGS
   if (ret < 0) return Status::FromErrno(-ret, what + ": parse CEPH_ARGS");
+  // 2. A bounded connect: librados' own default waits 300 s. conf_set
+  //    outranks the file and CEPH_ARGS, so it is used only where neither
+  //    changed the default (they still can: measured on pacific).
+  std::string timeout;
+  if (r.conf_get("client_mount_timeout", timeout) == 0 && timeout == kLibradosMountTimeout) {
+    ret = r.conf_set("client_mount_timeout", std::to_string(kMountTimeoutSeconds).c_str());
+    if (ret < 0) return Status::FromErrno(-ret, what + ": set client_mount_timeout");
+  } else {
+    timeout_shown = timeout;
+  }
   // 3. Connect (monitors, then the OSD map).
   ret = r.connect();
   if (ret < 0) {
     return Status::FromErrno(-ret, what + ": connect to the cluster of " + ConfShown(name) +
-                                       " (waited up to client_mount_timeout, " +
-                                       std::to_string(kMountTimeoutSeconds) + " s by default)");
+                                       " (waited up to client_mount_timeout, " + timeout_shown +
+                                       " s)");
   }
   Registry()[key] = cluster;
   return cluster;

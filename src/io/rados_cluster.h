@@ -11,9 +11,9 @@
 // when the last storage using it is destroyed. No thread outlives the last
 // image, which is what the leak checker of the ASan pass sees at exit.
 //
-// Connecting is bounded: client_mount_timeout is set to kMountTimeoutSeconds
-// before $CEPH_ARGS is applied (so CEPH_ARGS may change it); an unreachable
-// cluster fails with one line naming the conf and the timeout.
+// Connecting is bounded: client_mount_timeout becomes kMountTimeoutSeconds
+// unless ceph.conf or $CEPH_ARGS set it (librados' own default is 300 s);
+// an unreachable cluster fails with one line naming the conf and the wait.
 //
 // Thread safety: Get() may be called from any thread. The Rados object is
 // itself safe for concurrent use; IoCtx copies are per caller.

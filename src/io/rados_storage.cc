@@ -221,16 +221,14 @@ Status RadosStorage::ClearRange(uint64_t offset, uint64_t length) {
         const Piece p = pieces[i];
         const std::string oid = ObjectName(p.index);
         if (p.length == object_size_) return io_.aio_remove(oid, s.completion);
-        // assert_exists: zeroing must never create an object (ENOENT is
-        // the answer for one that is not there). At an object's tail a
-        // truncate frees the bytes; inside, zero does.
+        // The OSD's zero never extends an object and cuts one whose end it
+        // covers back to the zeroed offset (measured on pacific), so a
+        // tail is freed and a short object stays short; truncate would
+        // grow a short one. assert_exists: zeroing must never create an
+        // object (ENOENT is the answer for one that is not there).
         s.op.emplace();
         s.op->assert_exists();
-        if (p.in_object + p.length == object_size_) {
-          s.op->truncate(p.in_object);
-        } else {
-          s.op->zero(p.in_object, p.length);
-        }
+        s.op->zero(p.in_object, p.length);
         return io_.aio_operate(oid, s.completion, &*s.op);
       },
       [&](uint64_t i, AioSlot&, int ret) {

@@ -36,8 +36,9 @@
 // close lowers data_limit to the size. Within a session every byte at or
 // past Size() is zero, so Resize growing just records the new size.
 //
-// Space: PunchHole and ZeroRange remove whole objects and zero (or, at an
-// object's tail, truncate) partial ones; neither ever creates an object.
+// Space: PunchHole and ZeroRange remove whole objects and zero partial ones
+// (the OSD cuts an object back when the zeroed range covers its end);
+// neither ever creates or lengthens an object.
 // Resize shrinking removes and truncates past the new end before it records
 // the size. Allocate is kNotSupported (RADOS reserves nothing ahead).
 // NextData/NextHole stat objects (bounded: kMaxStatObjects a call, then
@@ -129,8 +130,8 @@ class RadosStorage final : public Storage {
   // Writes the header with the current size and `data_limit`; the caller
   // holds header_mu_. Updates durable_size_ and data_limit_.
   Status WriteHeaderLocked(uint64_t data_limit);
-  // Makes every byte in [from, data_limit_) zero: truncates the object
-  // holding `from` and removes those after it. Caller holds header_mu_.
+  // Makes every byte in [from, data_limit_) zero: cuts the object holding
+  // `from` back to it and removes those after it. Caller holds header_mu_.
   Status ClearFromLocked(uint64_t from);
   // Zeroes [offset, offset + length) inside objects without creating any.
   Status ClearRange(uint64_t offset, uint64_t length);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <thread>
 
 #include "io/rados_test_util.h"
@@ -178,6 +179,15 @@ TEST_F(RadosStorageTest, PunchRemovesWholeObjectsAndZeroesPartOnes) {
   std::fill(want.begin() + 1000, want.begin() + 3072, 0);
   std::fill(want.begin() + kObj + 1000, want.begin() + 3 * kObj, 0);
   EXPECT_EQ(Read(*s, 0, 4 * kObj), want);
+
+  // A short object: zeroing past its end leaves it as long as it was;
+  // zeroing over its end cuts it back.
+  ASSERT_TRUE(s->WriteAt(8 * kObj, Pattern(13, 100)).ok());
+  ASSERT_TRUE(s->PunchHole(8 * kObj + 200, 300).ok());
+  EXPECT_EQ(ObjectSize(Obj(8)), 100);
+  ASSERT_TRUE(s->PunchHole(8 * kObj + 50, kObj - 50).ok());
+  EXPECT_EQ(ObjectSize(Obj(8)), 50);
+  EXPECT_EQ(ObjectBytes(Obj(8)), Pattern(13, 50));
 }
 
 TEST_F(RadosStorageTest, ZeroRangeCountsAndExtends) {
@@ -370,6 +380,31 @@ TEST_F(RadosStorageTest, ClearErrors) {
   ASSERT_FALSE(s);
   EXPECT_NE(s.status().message().find("/nonexistent/ceph.conf"), std::string::npos)
       << s.status().message();
+}
+
+// No monitor answers: one clear error after a bounded wait (here the conf's
+// own 2 s, which RadosCluster keeps), not librados' 300 s default.
+TEST_F(RadosStorageTest, NoClusterReachable) {
+  char tmpl[] = "/tmp/td_rados_dead_XXXXXX";
+  const int fd = mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  const std::string conf =
+      "[global]\nmon host = 127.0.0.1:1\nauth client required = none\n"
+      "client mount timeout = 2\n";
+  ASSERT_EQ(write(fd, conf.data(), conf.size()), ssize_t(conf.size()));
+  close(fd);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto s = OpenRados(uri_ + "?conf=" + tmpl, {});
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  unlink(tmpl);
+  ASSERT_FALSE(s);
+  EXPECT_NE(s.status().message().find(uri_ + ": connect to the cluster of " + tmpl),
+            std::string::npos)
+      << s.status().message();
+  EXPECT_NE(s.status().message().find("client_mount_timeout, 2 s"), std::string::npos)
+      << s.status().message();
+  EXPECT_LT(waited, 30.0);
 }
 
 TEST_F(RadosStorageTest, NotAThindiskImage) {
