@@ -33,6 +33,7 @@ other_owner_alive() {
 
 case $1 in
 start)
+  [[ ,${THINDISK_TEST_DENY:-}, != *,ceph,* ]] || skip_or_fail "ceph denied by THINDISK_TEST_DENY"
   require_tool ceph ceph-mon ceph-osd monmaptool rados
   if other_owner_alive; then
     fail "the cluster in $DIR belongs to another ctest run (pid $(<"$OWNER_FILE")) in this build directory: wait for it to finish"
