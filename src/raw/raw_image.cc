@@ -93,7 +93,29 @@ Result<block::Extent> RawImage::GetStatus(uint64_t offset, uint64_t max_length) 
   if (closed_.load()) return Status::InvalidArgument(info_.filename + ": device is closed");
   TD_ASSIGN_OR_RETURN(uint64_t end, block::StatusRangeEnd(size_.load(), offset, max_length));
   // Guest offset N is host offset N, for holes too (qemu reports it the same).
-  return block::PlainStatus(*storage_, offset, offset, end - offset);
+  if (!info_.read_only) return block::PlainStatus(*storage_, offset, offset, end - offset);
+  {
+    std::lock_guard lock(data_run_mu_);
+    if (offset >= data_run_begin_ && offset < data_run_end_) {
+      block::Extent e;
+      e.offset = e.host_offset = offset;
+      e.length = std::min(end, data_run_end_) - offset;
+      e.present = e.data = e.has_host_offset = true;
+      return e;
+    }
+  }
+  // Ask to the end of the image, so a data run is learnt whole, then clip.
+  TD_ASSIGN_OR_RETURN(block::Extent e,
+                      block::PlainStatus(*storage_, offset, offset, size_.load() - offset));
+  if (e.data) {
+    // A run found further down than the remembered one starts replaces it
+    // and, when it is the same run (same end), covers it too.
+    std::lock_guard lock(data_run_mu_);
+    data_run_begin_ = offset;
+    data_run_end_ = offset + e.length;
+  }
+  e.length = std::min(e.length, end - offset);
+  return e;
 }
 
 Status RawImage::Resize(uint64_t new_size, bool shrink) {

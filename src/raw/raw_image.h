@@ -5,6 +5,13 @@
 // offset, as qemu reports raw holes) so map/convert/NBD block status can
 // skip them; everything else is data stored in place.
 //
+// A read-only image (a backing file) remembers the last run of host data it
+// found, so the block status of a clone's reads, which asks its backing file
+// for every unallocated cluster, costs no seeks once the run is known. Only
+// data runs are remembered: if another process punches the file meanwhile,
+// "data" is still a correct answer (reads return what is there), whereas a
+// remembered hole could hide bytes written since.
+//
 // Thread safety: all methods may be called concurrently (block::Device
 // contract); the storage serializes nothing we depend on except Resize,
 // which callers must not race with I/O past the new end.
@@ -13,6 +20,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -63,6 +71,11 @@ class RawImage final : public block::Device {
 
   std::unique_ptr<io::Storage> storage_;
   std::atomic<uint64_t> size_;
+  // Read-only images: the last host data run found, [begin, end); empty
+  // when begin == end.
+  std::mutex data_run_mu_;
+  uint64_t data_run_begin_ = 0;
+  uint64_t data_run_end_ = 0;
   block::DeviceInfo info_;
   std::atomic<bool> closed_{false};
 };

@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <vector>
 
+#include "io/forwarding_storage.h"
 #include "io/memory_storage.h"
 
 namespace thindisk::raw {
@@ -120,6 +122,102 @@ TEST(RawImageTest, GetStatusReportsHolesAndData) {
   ASSERT_TRUE(tail.has_value());
   EXPECT_EQ(tail->length, 4 * kChunk);
   EXPECT_FALSE(tail->data);
+}
+
+// Counts the seeks (NextData/NextHole) that reach the storage.
+class SeekCounter final : public io::ForwardingStorage {
+ public:
+  SeekCounter(std::unique_ptr<io::Storage> inner, std::atomic<int>* seeks)
+      : ForwardingStorage(std::move(inner)), seeks_(seeks) {}
+  Result<uint64_t> NextData(uint64_t o) override {
+    ++*seeks_;
+    return inner().NextData(o);
+  }
+  Result<uint64_t> NextHole(uint64_t o) override {
+    ++*seeks_;
+    return inner().NextHole(o);
+  }
+
+ private:
+  std::atomic<int>* seeks_;
+};
+
+TEST(RawImageTest, ReadOnlyImageRemembersDataRunsButNotHoles) {
+  // Data in chunks 2-5; a writer other than the read-only device (another
+  // process, in life) changes the storage under it.
+  auto mem = io::NewMemoryStorage("base.raw");
+  io::MemoryStorage* writer = mem.get();
+  ASSERT_TRUE(CreateRaw(*mem, 8 * kChunk, RawPrealloc::kOff).ok());
+  std::vector<uint8_t> data(4 * kChunk, 0x5a);
+  ASSERT_TRUE(writer->WriteAt(2 * kChunk, data).ok());
+  std::atomic<int> seeks{0};
+  auto opened = OpenRaw(std::make_unique<SeekCounter>(std::move(mem), &seeks), true, "base.raw");
+  ASSERT_TRUE(opened.has_value());
+  block::Device& dev = **opened;
+
+  // The first lookup in the run seeks; later ones anywhere in it do not,
+  // and answer exactly what a seek would (clipped to the request).
+  auto first = dev.GetStatus(2 * kChunk + 512, 512);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_TRUE(first->data);
+  EXPECT_EQ(first->length, 512u);
+  const int after_first = seeks.load();
+  EXPECT_GT(after_first, 0);
+  for (uint64_t off : {2 * kChunk + 512, 3 * kChunk + 4096, 6 * kChunk - 1}) {
+    auto e = dev.GetStatus(off, 8 * kChunk);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_TRUE(e->data);
+    EXPECT_EQ(e->offset, off);
+    EXPECT_EQ(e->host_offset, off);
+    EXPECT_EQ(e->length, 6 * kChunk - off);
+  }
+  EXPECT_EQ(seeks.load(), after_first);
+  // Found from below its first lookup, the run is remembered whole.
+  auto below = dev.GetStatus(2 * kChunk, 512);
+  ASSERT_TRUE(below.has_value());
+  EXPECT_TRUE(below->data);
+  const int after_below = seeks.load();
+  EXPECT_GT(after_below, after_first);
+  for (uint64_t off : {2 * kChunk, 2 * kChunk + 1024, 5 * kChunk}) {
+    auto e = dev.GetStatus(off, 512);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_TRUE(e->data);
+    EXPECT_EQ(e->length, 512u);
+  }
+  EXPECT_EQ(seeks.load(), after_below);
+
+  // A hole is asked afresh every time: once written by the other writer,
+  // it is data at once, never a remembered hole hiding the new bytes.
+  auto hole = dev.GetStatus(7 * kChunk, kChunk);
+  ASSERT_TRUE(hole.has_value());
+  EXPECT_FALSE(hole->data);
+  ASSERT_TRUE(writer->WriteAt(7 * kChunk, std::vector<uint8_t>(kChunk, 0x33)).ok());
+  auto now = dev.GetStatus(7 * kChunk, kChunk);
+  ASSERT_TRUE(now.has_value());
+  EXPECT_TRUE(now->data);
+  std::vector<uint8_t> out(kChunk);
+  ASSERT_TRUE(dev.Read(7 * kChunk, out).ok());
+  EXPECT_EQ(out, std::vector<uint8_t>(kChunk, 0x33));
+
+  // A punched remembered run still says data (a safe answer) and reads the
+  // zeros that are there.
+  ASSERT_TRUE(writer->PunchHole(2 * kChunk, kChunk).ok());
+  ASSERT_TRUE(dev.Read(2 * kChunk, out).ok());
+  EXPECT_EQ(out, std::vector<uint8_t>(kChunk, 0));
+}
+
+TEST(RawImageTest, WritableImageSeesItsOwnDiscards) {
+  io::MemoryStorage* mem = nullptr;
+  auto dev = OpenSized(4 * kChunk, &mem);
+  ASSERT_TRUE(dev->Write(0, std::vector<uint8_t>(2 * kChunk, 0x5a)).ok());
+  auto before = dev->GetStatus(0, 4 * kChunk);
+  ASSERT_TRUE(before.has_value());
+  EXPECT_TRUE(before->data);
+  ASSERT_TRUE(dev->Discard(0, kChunk).ok());
+  auto after = dev->GetStatus(0, 4 * kChunk);
+  ASSERT_TRUE(after.has_value());
+  EXPECT_FALSE(after->data);
+  EXPECT_EQ(after->length, kChunk);
 }
 
 TEST(RawImageTest, DiscardAndWriteZeroesReadAsZeros) {
