@@ -10,11 +10,10 @@
 // them as soon as RunAio returns.
 #pragma once
 
-#include <rados/librados.hpp>
-
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <rados/librados.hpp>
 #include <vector>
 
 #include "util/status.h"

@@ -53,8 +53,10 @@ Result<std::shared_ptr<RadosCluster>> RadosCluster::Get(const RadosName& name) {
   //    outranks the file and CEPH_ARGS, so it is used only where neither
   //    changed the default (they still can: measured on pacific).
   std::string timeout;
-  if (r.conf_get("client_mount_timeout", timeout) == 0 && timeout == kLibradosMountTimeout) {
-    ret = r.conf_set("client_mount_timeout", std::to_string(kMountTimeoutSeconds).c_str());
+  if (r.conf_get("client_mount_timeout", timeout) == 0 &&
+      timeout == kLibradosMountTimeout) {
+    ret =
+        r.conf_set("client_mount_timeout", std::to_string(kMountTimeoutSeconds).c_str());
     if (ret < 0) return Status::FromErrno(-ret, what + ": set client_mount_timeout");
   } else {
     timeout_shown = timeout;
@@ -62,9 +64,9 @@ Result<std::shared_ptr<RadosCluster>> RadosCluster::Get(const RadosName& name) {
   // 3. Connect (monitors, then the OSD map).
   ret = r.connect();
   if (ret < 0) {
-    return Status::FromErrno(-ret, what + ": connect to the cluster of " + ConfShown(name) +
-                                       " (waited up to client_mount_timeout, " + timeout_shown +
-                                       " s)");
+    return Status::FromErrno(
+        -ret, what + ": connect to the cluster of " + ConfShown(name) +
+                  " (waited up to client_mount_timeout, " + timeout_shown + " s)");
   }
   Registry()[key] = cluster;
   return cluster;
@@ -74,9 +76,11 @@ Result<librados::IoCtx> RadosCluster::OpenPool(const RadosName& name) {
   librados::IoCtx io;
   const int ret = rados_.ioctx_create(name.pool.c_str(), io);
   if (ret == -ENOENT) {
-    return Status::NotFound(name.ToString() + ": pool '" + name.pool + "' does not exist", ENOENT);
+    return Status::NotFound(name.ToString() + ": pool '" + name.pool + "' does not exist",
+                            ENOENT);
   }
-  if (ret < 0) return Status::FromErrno(-ret, name.ToString() + ": open pool '" + name.pool + "'");
+  if (ret < 0)
+    return Status::FromErrno(-ret, name.ToString() + ": open pool '" + name.pool + "'");
   return io;
 }
 

@@ -19,9 +19,8 @@
 // itself safe for concurrent use; IoCtx copies are per caller.
 #pragma once
 
-#include <rados/librados.hpp>
-
 #include <memory>
+#include <rados/librados.hpp>
 #include <string>
 
 #include "io/rados_name.h"

@@ -20,7 +20,8 @@ std::vector<uint8_t> RadosHeader::Encode() const {
   return b;
 }
 
-Result<RadosHeader> RadosHeader::Decode(std::span<const uint8_t> b, const std::string& what) {
+Result<RadosHeader> RadosHeader::Decode(std::span<const uint8_t> b,
+                                        const std::string& what) {
   const std::string object = "header object";
   if (b.size() < 8 || std::memcmp(b.data(), kMagic, 8) != 0) {
     return Status::Corrupt(what + ": not a thindisk image (its " + object +
@@ -59,7 +60,8 @@ Result<RadosHeader> RadosHeader::Decode(std::span<const uint8_t> b, const std::s
   if (h.incompatible_features != 0) {
     char bits[20];
     std::snprintf(bits, sizeof bits, "%llx", (unsigned long long)h.incompatible_features);
-    return Status::NotSupported(what + ": image uses features this thindisk does not know " +
+    return Status::NotSupported(what +
+                                ": image uses features this thindisk does not know " +
                                 "(incompatible feature bits 0x" + bits + ")");
   }
   return h;

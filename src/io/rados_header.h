@@ -40,8 +40,8 @@ struct RadosHeader {
   static constexpr char kMagic[9] = "TDRADOS\n";
   static constexpr uint32_t kVersion = 1;
   static constexpr size_t kEncodedSize = 64;
-  static constexpr uint32_t kMinObjectOrder = 12;  // 4 KiB
-  static constexpr uint32_t kMaxObjectOrder = 27;  // 128 MiB: osd_max_object_size
+  static constexpr uint32_t kMinObjectOrder = 12;      // 4 KiB
+  static constexpr uint32_t kMaxObjectOrder = 27;      // 128 MiB: osd_max_object_size
   static constexpr uint32_t kDefaultObjectOrder = 22;  // 4 MiB, as RBD
   // Sizes stay far from 2^64 so offset + length and rounding never overflow.
   static constexpr uint64_t kMaxSize = 1ull << 62;
@@ -58,7 +58,8 @@ struct RadosHeader {
   // `what` names the image in errors ("rados://p/i"). kCorrupt for a bad
   // magic ("not a thindisk image"), short object or bad field;
   // kNotSupported for a newer version or unknown incompatible features.
-  static Result<RadosHeader> Decode(std::span<const uint8_t> bytes, const std::string& what);
+  static Result<RadosHeader> Decode(std::span<const uint8_t> bytes,
+                                    const std::string& what);
 };
 
 // log2(object_size) when it is a power of two within the limits above, else

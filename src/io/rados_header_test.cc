@@ -23,7 +23,8 @@ TEST(RadosHeaderCodec, RoundTrip) {
   EXPECT_EQ(d->object_size(), 65536u);
   EXPECT_EQ(d->size, h.size);
   EXPECT_EQ(d->data_limit, h.data_limit);
-  EXPECT_EQ(d->compatible_features, 0x5u);  // unknown compatible bits are kept, not refused
+  EXPECT_EQ(d->compatible_features,
+            0x5u);  // unknown compatible bits are kept, not refused
 }
 
 TEST(RadosHeaderCodec, LongerObjectOfVersionOneDecodes) {
@@ -48,12 +49,14 @@ TEST(RadosHeaderCodec, Refusals) {
 
   Status s = DecodeError({'Q', 'F', 'I', 0xfb, 0, 0, 0, 3});
   EXPECT_EQ(s.code(), Code::kCorrupt);
-  EXPECT_NE(s.message().find("rados://p/i: not a thindisk image"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("rados://p/i: not a thindisk image"), std::string::npos)
+      << s.message();
   EXPECT_EQ(DecodeError({}).code(), Code::kCorrupt);
 
   s = DecodeError(with(8, be32, 2));
   EXPECT_EQ(s.code(), Code::kNotSupported);
-  EXPECT_NE(s.message().find("newer thindisk (header version 2"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("newer thindisk (header version 2"), std::string::npos)
+      << s.message();
 
   s = DecodeError(std::vector<uint8_t>(good.begin(), good.begin() + 40));
   EXPECT_EQ(s.code(), Code::kCorrupt);
@@ -63,7 +66,8 @@ TEST(RadosHeaderCodec, Refusals) {
   EXPECT_EQ(DecodeError(with(12, be32, 11)).code(), Code::kCorrupt);  // 2 KiB objects
   EXPECT_EQ(DecodeError(with(12, be32, 28)).code(), Code::kCorrupt);  // 256 MiB objects
   EXPECT_EQ(DecodeError(with(16, be64, (1ull << 62) + 1)).code(), Code::kCorrupt);
-  EXPECT_EQ(DecodeError(with(24, be64, 4096)).code(), Code::kCorrupt);  // not object-aligned
+  EXPECT_EQ(DecodeError(with(24, be64, 4096)).code(),
+            Code::kCorrupt);  // not object-aligned
 
   s = DecodeError(with(32, be64, 0x10));
   EXPECT_EQ(s.code(), Code::kNotSupported);

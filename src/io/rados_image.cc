@@ -24,7 +24,8 @@ Result<Pool> Connect(const std::string& uri) {
   auto io = (*cluster)->OpenPool(*name);
   if (!io) return io.error();
   std::string header_oid = name->image + ".header";
-  return Pool{std::move(*name), std::move(*cluster), std::move(*io), std::move(header_oid)};
+  return Pool{std::move(*name), std::move(*cluster), std::move(*io),
+              std::move(header_oid)};
 }
 
 // The image's header, decoded; kNotFound when the header object is missing.
@@ -34,11 +35,12 @@ Result<RadosHeader> ReadHeader(Pool& pool) {
   // A header is 64 bytes; 4 KiB leaves room for later versions' fields.
   const int ret = pool.io.read(pool.header_oid, bl, 4096, 0);
   if (ret == -ENOENT) {
-    return Status::NotFound(what + ": no such image (no header object " + pool.header_oid +
-                                " in pool '" + pool.name.pool + "')",
+    return Status::NotFound(what + ": no such image (no header object " +
+                                pool.header_oid + " in pool '" + pool.name.pool + "')",
                             ENOENT);
   }
-  if (ret < 0) return Status::FromErrno(-ret, what + ": read header object " + pool.header_oid);
+  if (ret < 0)
+    return Status::FromErrno(-ret, what + ": read header object " + pool.header_oid);
   std::vector<uint8_t> bytes(bl.length());
   if (!bytes.empty()) bl.begin().copy(bl.length(), reinterpret_cast<char*>(bytes.data()));
   return RadosHeader::Decode(bytes, what);
@@ -57,8 +59,8 @@ Status WriteNewHeader(Pool& pool, const RadosHeader& h) {
     return Status(Code::kBusy, pool.name.ToString() + ": image already exists", EEXIST);
   }
   if (ret < 0) {
-    return Status::FromErrno(-ret, pool.name.ToString() + ": create header object " +
-                                       pool.header_oid);
+    return Status::FromErrno(
+        -ret, pool.name.ToString() + ": create header object " + pool.header_oid);
   }
   return Status::Ok();
 }
@@ -100,7 +102,8 @@ Status CreateRados(const std::string& name, uint64_t size, uint64_t object_size)
   auto order = RadosObjectOrder(object_size, what);
   if (!order) return order.error();
   if (size > RadosHeader::kMaxSize) {
-    return Status::InvalidArgument(what + ": size " + std::to_string(size) + " exceeds 2^62");
+    return Status::InvalidArgument(what + ": size " + std::to_string(size) +
+                                   " exceeds 2^62");
   }
   RadosHeader h;
   h.object_order = *order;
@@ -109,13 +112,15 @@ Status CreateRados(const std::string& name, uint64_t size, uint64_t object_size)
   return WriteNewHeader(*pool, h);
 }
 
-Result<std::unique_ptr<Storage>> OpenRados(const std::string& name, const OpenOptions& options) {
+Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
+                                           const OpenOptions& options) {
   // 1. Connect and find the pool.
   auto pool = Connect(name);
   if (!pool) return pool.error();
   // 2. The header (created first when asked to).
   auto header = ReadHeader(*pool);
-  if (!header && header.error().code() == Code::kNotFound && options.create && !options.read_only) {
+  if (!header && header.error().code() == Code::kNotFound && options.create &&
+      !options.read_only) {
     TD_RETURN_IF_ERROR(WriteNewHeader(*pool, RadosHeader{}));
     header = ReadHeader(*pool);
   } else if (header && options.create && options.exclusive) {
@@ -126,15 +131,17 @@ Result<std::unique_ptr<Storage>> OpenRados(const std::string& name, const OpenOp
   //    on the header object, a watch, fencing a dead holder) for a
   //    read-write open, before step 4 writes anything. options.lock names
   //    the mode; it is not implemented yet.
-  std::unique_ptr<RadosStorage> storage(new RadosStorage(
-      std::move(pool->cluster), std::move(pool->io), pool->name, *header, options.read_only));
+  std::unique_ptr<RadosStorage> storage(new RadosStorage(std::move(pool->cluster),
+                                                         std::move(pool->io), pool->name,
+                                                         *header, options.read_only));
   // 4. Recovery: bytes between the durable size and the data limit may be
   //    stale (writes that landed before a crash, their size not flushed).
   //    Clear them before anything can grow the size over them.
   if (!options.read_only && header->data_limit > storage->RoundUpToObject(header->size)) {
     std::lock_guard<std::mutex> lock(storage->header_mu_);
     TD_RETURN_IF_ERROR(storage->ClearFromLocked(header->size).WithContext("recovery"));
-    TD_RETURN_IF_ERROR(storage->WriteHeaderLocked(storage->RoundUpToObject(header->size)));
+    TD_RETURN_IF_ERROR(
+        storage->WriteHeaderLocked(storage->RoundUpToObject(header->size)));
   }
   return std::unique_ptr<Storage>(std::move(storage));
 }
@@ -150,7 +157,8 @@ Status RemoveRados(const std::string& name) {
   librados::IoCtx io;
   io.dup(pool->io);
   // A read-only storage: its helpers, and a destructor that writes nothing.
-  RadosStorage storage(pool->cluster, std::move(io), pool->name, *header, /*read_only=*/true);
+  RadosStorage storage(pool->cluster, std::move(io), pool->name, *header,
+                       /*read_only=*/true);
   const uint64_t objects = header->data_limit >> header->object_order;
   if (objects <= RadosStorage::kMaxIndexRemove) {
     TD_RETURN_IF_ERROR(storage.RemoveObjects(0, objects));

@@ -23,22 +23,22 @@ std::string Shown(char c) {
 }
 
 bool ImageChar(char c) {
-  return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
-         c == '+' || c == '=' || c == '@' || c == ',';
+  return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' ||
+         c == '-' || c == '+' || c == '=' || c == '@' || c == ',';
 }
 
 // Pools may hold more than images may, but never what would make the URI
 // ambiguous (separators) or unprintable.
 bool PoolChar(char c) {
-  return std::isgraph(static_cast<unsigned char>(c)) && c != '/' && c != '?' && c != '&' &&
-         c != '#' && c != '%';
+  return std::isgraph(static_cast<unsigned char>(c)) && c != '/' && c != '?' &&
+         c != '&' && c != '#' && c != '%';
 }
 
 Status CheckImage(std::string_view name, std::string_view image) {
   if (image.empty()) return Bad(name, "no image name (want rados://POOL/IMAGE)");
   if (image.size() > RadosName::kMaxImageLength) {
-    return Bad(name, "image name longer than " + std::to_string(RadosName::kMaxImageLength) +
-                         " characters");
+    return Bad(name, "image name longer than " +
+                         std::to_string(RadosName::kMaxImageLength) + " characters");
   }
   if (image.find('/') != std::string_view::npos) {
     return Bad(name, "image name contains '/' (want rados://POOL/IMAGE)");
@@ -56,11 +56,12 @@ Status CheckImage(std::string_view name, std::string_view image) {
 Status CheckPool(std::string_view name, std::string_view pool) {
   if (pool.empty()) return Bad(name, "no pool name (want rados://POOL/IMAGE)");
   if (pool.size() > RadosName::kMaxPoolLength) {
-    return Bad(name, "pool name longer than " + std::to_string(RadosName::kMaxPoolLength) +
-                         " characters");
+    return Bad(name, "pool name longer than " +
+                         std::to_string(RadosName::kMaxPoolLength) + " characters");
   }
   for (char c : pool) {
-    if (!PoolChar(c)) return Bad(name, "pool name contains a space, control or URI character");
+    if (!PoolChar(c))
+      return Bad(name, "pool name contains a space, control or URI character");
   }
   return Status::Ok();
 }
@@ -86,7 +87,8 @@ Status ParseQuery(std::string_view name, std::string_view query, RadosName& out)
       if (seen_id) return Bad(name, "'id' given twice");
       seen_id = true;
       if (value.starts_with("client.")) {
-        return Bad(name, "id is the client name without 'client.' (id=admin, not client.admin)");
+        return Bad(
+            name, "id is the client name without 'client.' (id=admin, not client.admin)");
       }
       for (char c : value) {
         if (!std::isgraph(static_cast<unsigned char>(c))) {
@@ -104,14 +106,17 @@ Status ParseQuery(std::string_view name, std::string_view query, RadosName& out)
 
 }  // namespace
 
-std::string RadosName::ToString() const { return std::string(kRadosScheme) + pool + "/" + image; }
+std::string RadosName::ToString() const {
+  return std::string(kRadosScheme) + pool + "/" + image;
+}
 
 std::string RadosName::PoolUri() const { return std::string(kRadosScheme) + pool; }
 
 bool IsRadosName(std::string_view name) { return name.starts_with(kRadosScheme); }
 
 Result<RadosName> ParseRadosName(std::string_view name) {
-  if (!IsRadosName(name)) return Bad(name, "not a rados:// name (want rados://POOL/IMAGE)");
+  if (!IsRadosName(name))
+    return Bad(name, "not a rados:// name (want rados://POOL/IMAGE)");
   if (name.find('#') != std::string_view::npos) return Bad(name, "'#' is not allowed");
   std::string_view rest = name.substr(kRadosScheme.size());
   RadosName out;

@@ -2,9 +2,8 @@
 // reopen, read back, check -- and the bytes fetched with `rados get` are a
 // qcow2 file that qemu-img checks and compares clean.
 #include <fcntl.h>
-#include <unistd.h>
-
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -36,10 +35,10 @@ struct GuestWrite {
 };
 const GuestWrite kWrites[] = {
     {0, 4096, 1},
-    {65536 - 512, 8192, 2},          // across two clusters
-    {(3 << 20) - 1000, 300000, 3},   // across guest MiBs (host objects too)
+    {65536 - 512, 8192, 2},         // across two clusters
+    {(3 << 20) - 1000, 300000, 3},  // across guest MiBs (host objects too)
     {40 << 20, 1 << 20, 4},
-    {kGuestSize - 4096, 4096, 5},    // the last 4 KiB
+    {kGuestSize - 4096, 4096, 5},  // the last 4 KiB
 };
 
 class RadosQcow2Test : public ::testing::Test {

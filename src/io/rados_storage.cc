@@ -27,8 +27,11 @@ struct Piece {
 class Pieces {
  public:
   Pieces(uint64_t offset, uint64_t length, uint32_t order)
-      : offset_(offset), end_(offset + length), order_(order),
-        first_(offset >> order), count_(((end_ - 1) >> order) - first_ + 1) {}
+      : offset_(offset),
+        end_(offset + length),
+        order_(order),
+        first_(offset >> order),
+        count_(((end_ - 1) >> order) - first_ + 1) {}
   uint64_t count() const { return count_; }
   Piece operator[](uint64_t i) const {
     const uint64_t index = first_ + i;
@@ -47,14 +50,15 @@ class Pieces {
 // it without a copy. The caller keeps the memory alive until completion
 // (RunAio waits for every operation it started).
 void PointAt(librados::bufferlist& bl, const void* p, uint64_t length) {
-  bl.push_back(ceph::buffer::ptr(
-      ceph::buffer::create_static(unsigned(length), static_cast<char*>(const_cast<void*>(p)))));
+  bl.push_back(ceph::buffer::ptr(ceph::buffer::create_static(
+      unsigned(length), static_cast<char*>(const_cast<void*>(p)))));
 }
 
 }  // namespace
 
 RadosStorage::RadosStorage(std::shared_ptr<RadosCluster> cluster, librados::IoCtx io,
-                           const RadosName& name, const RadosHeader& header, bool read_only)
+                           const RadosName& name, const RadosHeader& header,
+                           bool read_only)
     : cluster_(std::move(cluster)),
       io_(std::move(io)),
       rname_(name),
@@ -126,7 +130,8 @@ Status RadosStorage::ExtendTo(uint64_t end) {
 Status RadosStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
   const uint64_t size = size_.load();
   // Bytes at or past Size() read as zeros without asking the cluster.
-  const uint64_t readable = offset >= size ? 0 : std::min<uint64_t>(buf.size(), size - offset);
+  const uint64_t readable =
+      offset >= size ? 0 : std::min<uint64_t>(buf.size(), size - offset);
   std::memset(buf.data() + readable, 0, buf.size() - readable);
   if (readable == 0) return Status::Ok();
   const Pieces pieces(offset, readable, object_order_);
@@ -135,7 +140,8 @@ Status RadosStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
       [&](uint64_t i, AioSlot& s) {
         const Piece p = pieces[i];
         PointAt(s.bl, buf.data() + p.in_request, p.length);
-        return io_.aio_read(ObjectName(p.index), s.completion, &s.bl, p.length, p.in_object);
+        return io_.aio_read(ObjectName(p.index), s.completion, &s.bl, p.length,
+                            p.in_object);
       },
       [&](uint64_t i, AioSlot& s, int ret) {
         const Piece p = pieces[i];
@@ -165,10 +171,12 @@ Status RadosStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
       [&](uint64_t i, AioSlot& s) {
         const Piece p = pieces[i];
         PointAt(s.bl, buf.data() + p.in_request, p.length);
-        return io_.aio_write(ObjectName(p.index), s.completion, s.bl, p.length, p.in_object);
+        return io_.aio_write(ObjectName(p.index), s.completion, s.bl, p.length,
+                             p.in_object);
       },
       [&](uint64_t i, AioSlot&, int ret) {
-        return ret < 0 ? Error(ret, "write " + ObjectName(pieces[i].index)) : Status::Ok();
+        return ret < 0 ? Error(ret, "write " + ObjectName(pieces[i].index))
+                       : Status::Ok();
       });
   if (st.ok()) bytes_written_ += buf.size();
   return st;
@@ -185,7 +193,8 @@ Status RadosStorage::Flush() {
 
 Status RadosStorage::Resize(uint64_t size) {
   TD_RETURN_IF_ERROR(CheckWritable());
-  if (size > RadosHeader::kMaxSize) return Status::OutOfRange(uri_ + ": size past 2^62 bytes");
+  if (size > RadosHeader::kMaxSize)
+    return Status::OutOfRange(uri_ + ": size past 2^62 bytes");
   std::lock_guard<std::mutex> lock(header_mu_);
   const uint64_t old = size_.load();
   if (size < old) {
@@ -241,19 +250,23 @@ Status RadosStorage::RemoveObjects(uint64_t first, uint64_t last) {
   if (last <= first) return Status::Ok();
   return RunAio(
       last - first, kMaxInFlight,
-      [&](uint64_t i, AioSlot& s) { return io_.aio_remove(ObjectName(first + i), s.completion); },
+      [&](uint64_t i, AioSlot& s) {
+        return io_.aio_remove(ObjectName(first + i), s.completion);
+      },
       [&](uint64_t i, AioSlot&, int ret) {
         if (ret >= 0 || ret == -ENOENT) return Status::Ok();
         return Error(ret, "remove " + ObjectName(first + i));
       });
 }
 
-Status RadosStorage::StatObjects(uint64_t first, uint64_t count, std::vector<int64_t>& sizes) {
+Status RadosStorage::StatObjects(uint64_t first, uint64_t count,
+                                 std::vector<int64_t>& sizes) {
   sizes.assign(count, -1);
   return RunAio(
       count, kMaxInFlight,
       [&](uint64_t i, AioSlot& s) {
-        return io_.aio_stat(ObjectName(first + i), s.completion, &s.stat_size, &s.stat_mtime);
+        return io_.aio_stat(ObjectName(first + i), s.completion, &s.stat_size,
+                            &s.stat_mtime);
       },
       [&](uint64_t i, AioSlot& s, int ret) {
         if (ret == -ENOENT) return Status::Ok();
@@ -266,7 +279,8 @@ Status RadosStorage::StatObjects(uint64_t first, uint64_t count, std::vector<int
 Status RadosStorage::Allocate(uint64_t, uint64_t) {
   TD_RETURN_IF_ERROR(CheckWritable());
   return Status::NotSupported(
-      uri_ + ": RADOS cannot reserve space ahead (objects take space as they are written)",
+      uri_ +
+          ": RADOS cannot reserve space ahead (objects take space as they are written)",
       EOPNOTSUPP);
 }
 
@@ -305,7 +319,8 @@ Result<uint64_t> RadosStorage::NextData(uint64_t offset) {
   for (uint64_t i = 0; i < count; ++i) {
     const uint64_t start = (first + i) << object_order_;
     // An object's bytes [0, its length) are data; past them, zeros.
-    if (sizes[i] > 0 && start + uint64_t(sizes[i]) > offset) return std::max(offset, start);
+    if (sizes[i] > 0 && start + uint64_t(sizes[i]) > offset)
+      return std::max(offset, start);
   }
   if (first + count == last) return size;
   return std::min(size, (first + count) << object_order_);  // not looked at: data
@@ -323,7 +338,8 @@ Result<uint64_t> RadosStorage::NextHole(uint64_t offset) {
   for (uint64_t i = 0; i < count; ++i) {
     const uint64_t start = (first + i) << object_order_;
     const uint64_t data_end = start + uint64_t(std::max<int64_t>(sizes[i], 0));
-    if (data_end < start + object_size_) return std::min(size, std::max(offset, data_end));
+    if (data_end < start + object_size_)
+      return std::min(size, std::max(offset, data_end));
   }
   if (first + count == last) return std::min(size, limit);
   return size;  // not looked at: data to the end

@@ -74,13 +74,15 @@ namespace thindisk::io {
 // only the header object, so any size takes one round trip. kBusy (EEXIST)
 // if the image exists; kNotFound if the pool does not.
 Status CreateRados(const std::string& name, uint64_t size,
-                   uint64_t object_size = uint64_t(1) << RadosHeader::kDefaultObjectOrder);
+                   uint64_t object_size = uint64_t(1)
+                                          << RadosHeader::kDefaultObjectOrder);
 
 // Opens an existing image. options.read_only refuses writes; options.create
 // creates a missing image (size 0, 4 MiB objects) and with exclusive fails
 // if it exists. options.cache is ignored (every write is committed when it
 // returns). options.lock is not implemented yet (see above).
-Result<std::unique_ptr<Storage>> OpenRados(const std::string& name, const OpenOptions& options);
+Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
+                                           const OpenOptions& options);
 
 // Removes the image: its data objects, then its header (so an interrupted
 // remove leaves an image that can be removed again). Costs one remove per
@@ -91,7 +93,7 @@ Status RemoveRados(const std::string& name);
 
 class RadosStorage final : public Storage {
  public:
-  static constexpr size_t kMaxInFlight = 64;        // aio ops per call at a time
+  static constexpr size_t kMaxInFlight = 64;         // aio ops per call at a time
   static constexpr uint64_t kLimitStepObjects = 64;  // data_limit grows in these steps
   static constexpr uint64_t kMaxStatObjects = 4096;  // NextData/Hole, AllocatedBytes
   static constexpr uint64_t kMaxIndexRemove = 4096;  // RemoveRados by index, else list
@@ -119,11 +121,12 @@ class RadosStorage final : public Storage {
   std::string ObjectName(uint64_t index) const;
 
  private:
-  friend Result<std::unique_ptr<Storage>> OpenRados(const std::string&, const OpenOptions&);
+  friend Result<std::unique_ptr<Storage>> OpenRados(const std::string&,
+                                                    const OpenOptions&);
   friend Status RemoveRados(const std::string&);
 
-  RadosStorage(std::shared_ptr<RadosCluster> cluster, librados::IoCtx io, const RadosName& name,
-               const RadosHeader& header, bool read_only);
+  RadosStorage(std::shared_ptr<RadosCluster> cluster, librados::IoCtx io,
+               const RadosName& name, const RadosHeader& header, bool read_only);
 
   Status Error(int ret, const std::string& op) const;
   Status CheckWritable() const;
@@ -143,7 +146,9 @@ class RadosStorage final : public Storage {
   // over it when needed (before the caller's data write is sent).
   Status ExtendTo(uint64_t end);
 
-  uint64_t RoundUpToObject(uint64_t v) const { return (v + object_size_ - 1) & ~(object_size_ - 1); }
+  uint64_t RoundUpToObject(uint64_t v) const {
+    return (v + object_size_ - 1) & ~(object_size_ - 1);
+  }
 
   // Declaration order = destruction order reversed: io_ goes before the
   // connection it belongs to.

@@ -79,7 +79,8 @@ TEST_F(RadosStorageTest, RoundTripAcrossObjectBoundaries) {
   EXPECT_EQ(s->bytes_written(), data.size());
   EXPECT_EQ(Read(*s, off, data.size()), data);
   // Unaligned reads inside and around it.
-  EXPECT_EQ(Read(*s, off + 3, 100000), std::vector<uint8_t>(data.begin() + 3, data.begin() + 100003));
+  EXPECT_EQ(Read(*s, off + 3, 100000),
+            std::vector<uint8_t>(data.begin() + 3, data.begin() + 100003));
   std::vector<uint8_t> head = Read(*s, 0, off + 10);
   EXPECT_TRUE(AllZero(std::vector<uint8_t>(head.begin(), head.begin() + off)));
   EXPECT_EQ(std::vector<uint8_t>(head.begin() + off, head.end()),
@@ -87,12 +88,14 @@ TEST_F(RadosStorageTest, RoundTripAcrossObjectBoundaries) {
 
   // What the pool holds, by the rados CLI: objects 0..4, each with the bytes
   // of its share (object 0 is 60 KiB of zeros then data: RADOS fills the gap).
-  EXPECT_EQ(DataObjects(), (std::vector<std::string>{Obj(0), Obj(1), Obj(2), Obj(3), Obj(4)}));
+  EXPECT_EQ(DataObjects(),
+            (std::vector<std::string>{Obj(0), Obj(1), Obj(2), Obj(3), Obj(4)}));
   EXPECT_EQ(ObjectSize(Obj(0)), int64_t(kObj));
   EXPECT_EQ(ObjectSize(Obj(4)), int64_t(off + data.size() - 4 * kObj));
   EXPECT_EQ(ObjectBytes(Obj(0)).size(), kObj);
   const std::vector<uint8_t> obj1 = ObjectBytes(Obj(1));
-  EXPECT_EQ(obj1, std::vector<uint8_t>(data.begin() + (kObj - off), data.begin() + (2 * kObj - off)));
+  EXPECT_EQ(obj1, std::vector<uint8_t>(data.begin() + (kObj - off),
+                                       data.begin() + (2 * kObj - off)));
 }
 
 TEST_F(RadosStorageTest, UnwrittenRangesReadZeros) {
@@ -173,7 +176,8 @@ TEST_F(RadosStorageTest, PunchRemovesWholeObjectsAndZeroesPartOnes) {
   std::vector<uint8_t> want0(data.begin(), data.begin() + kObj);
   std::fill(want0.begin() + 1000, want0.begin() + 3072, 0);
   EXPECT_EQ(ObjectBytes(Obj(0)), want0);
-  EXPECT_EQ(ObjectBytes(Obj(1)), std::vector<uint8_t>(data.begin() + kObj, data.begin() + kObj + 1000));
+  EXPECT_EQ(ObjectBytes(Obj(1)),
+            std::vector<uint8_t>(data.begin() + kObj, data.begin() + kObj + 1000));
 
   std::vector<uint8_t> want = data;
   std::fill(want.begin() + 1000, want.begin() + 3072, 0);
@@ -195,7 +199,7 @@ TEST_F(RadosStorageTest, ZeroRangeCountsAndExtends) {
   ASSERT_TRUE(s);
   const std::vector<uint8_t> data = Pattern(4, 2 * kObj);
   ASSERT_TRUE(s->WriteAt(0, data).ok());
-  ASSERT_TRUE(s->ZeroRange(kObj, kObj).ok());           // object 1 whole: removed
+  ASSERT_TRUE(s->ZeroRange(kObj, kObj).ok());            // object 1 whole: removed
   ASSERT_TRUE(s->ZeroRange(2 * kObj - 10, 30000).ok());  // past the end: extends
   EXPECT_EQ(*s->Size(), 2 * kObj - 10 + 30000);
   EXPECT_EQ(s->bytes_written(), 2 * kObj + kObj + 30000);  // writes and zeroes count
@@ -266,8 +270,8 @@ TEST_F(RadosStorageTest, OpenClearsWhatACrashLeftPastTheSize) {
   h.size = kObj + 100;
   h.data_limit = 64 * kObj;
   PutObject(image_ + ".header", h.Encode());
-  PutObject(Obj(1), Pattern(7, kObj));    // 100 bytes inside the size, the rest stale
-  PutObject(Obj(20), Pattern(8, 4096));   // wholly stale
+  PutObject(Obj(1), Pattern(7, kObj));   // 100 bytes inside the size, the rest stale
+  PutObject(Obj(20), Pattern(8, 4096));  // wholly stale
   auto s = Open();
   ASSERT_TRUE(s);
   EXPECT_EQ(DataObjects(), std::vector<std::string>{Obj(1)});
@@ -281,7 +285,8 @@ TEST_F(RadosStorageTest, OpenClearsWhatACrashLeftPastTheSize) {
 TEST_F(RadosStorageTest, RemoveDeletesEveryObject) {
   auto s = Create(0);
   ASSERT_TRUE(s);
-  for (uint64_t i : {0, 3, 7}) ASSERT_TRUE(s->WriteAt(i * kObj + 10, Pattern(i, 100)).ok());
+  for (uint64_t i : {0, 3, 7})
+    ASSERT_TRUE(s->WriteAt(i * kObj + 10, Pattern(i, 100)).ok());
   s.reset();
   ASSERT_EQ(ObjectsWithPrefix(image_ + ".").size(), 4u);
   ASSERT_TRUE(RemoveRados(uri_).ok());
@@ -313,8 +318,8 @@ TEST_F(RadosStorageTest, RemoveByListingWhenTheDataIsSpreadWide) {
 TEST_F(RadosStorageTest, DataAndHolesFollowObjects) {
   auto s = Create(10 * kObj);
   ASSERT_TRUE(s);
-  ASSERT_TRUE(s->WriteAt(2 * kObj, Pattern(11, kObj)).ok());   // object 2 whole
-  ASSERT_TRUE(s->WriteAt(5 * kObj, Pattern(12, 1000)).ok());   // object 5: 1000 bytes
+  ASSERT_TRUE(s->WriteAt(2 * kObj, Pattern(11, kObj)).ok());  // object 2 whole
+  ASSERT_TRUE(s->WriteAt(5 * kObj, Pattern(12, 1000)).ok());  // object 5: 1000 bytes
   EXPECT_EQ(*s->NextData(0), 2 * kObj);
   EXPECT_EQ(*s->NextHole(2 * kObj), 3 * kObj);
   EXPECT_EQ(*s->NextData(3 * kObj), 5 * kObj);
@@ -352,7 +357,8 @@ TEST_F(RadosStorageTest, ClearErrors) {
   auto s = OpenRados("rados://no-such-pool-td/x", {});
   ASSERT_FALSE(s);
   EXPECT_EQ(s.status().code(), Code::kNotFound);
-  EXPECT_NE(s.status().message().find("rados://no-such-pool-td/x: pool 'no-such-pool-td' does not exist"),
+  EXPECT_NE(s.status().message().find(
+                "rados://no-such-pool-td/x: pool 'no-such-pool-td' does not exist"),
             std::string::npos)
       << s.status().message();
   // Missing image.
@@ -374,7 +380,8 @@ TEST_F(RadosStorageTest, ClearErrors) {
   ASSERT_TRUE(CreateRados(uri_, 0).ok());
   c = CreateRados(uri_, 0);
   EXPECT_EQ(c.code(), Code::kBusy);
-  EXPECT_NE(c.message().find(uri_ + ": image already exists"), std::string::npos) << c.message();
+  EXPECT_NE(c.message().find(uri_ + ": image already exists"), std::string::npos)
+      << c.message();
   // A conf file that is not there.
   s = OpenRados(uri_ + "?conf=/nonexistent/ceph.conf", {});
   ASSERT_FALSE(s);

@@ -8,6 +8,7 @@
 // test skips locally and fails in CI (util/capability_test_util.h).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,8 +22,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "util/capability_test_util.h"
 
@@ -56,16 +55,17 @@ inline bool HaveRadosCli() { return Shell("rados --version").exit_code == 0; }
 
 // The cluster every test of RadosStorage/RadosQcow2 needs: `ceph` is the
 // THINDISK_TEST_DENY name.
-#define TD_REQUIRE_CEPH()                                                                 \
-  do {                                                                                    \
-    TD_REQUIRE_TOOL("ceph", ::thindisk::io::rados_test::HaveRadosCli());                  \
-    const std::string td_conf_ = ::thindisk::io::rados_test::CephConf();                  \
-    if (td_conf_.empty() || access(td_conf_.c_str(), R_OK) != 0) {                        \
-      TD_SKIP_OR_FAIL("no test cluster: CEPH_CONF='"                                      \
-                      << td_conf_                                                         \
-                      << "' (ctest starts one: ctest -R 'Rados', or "                     \
-                         "scripts/ceph-cluster.sh start DIR and CEPH_CONF=DIR/ceph.conf)"); \
-    }                                                                                     \
+#define TD_REQUIRE_CEPH()                                                       \
+  do {                                                                          \
+    TD_REQUIRE_TOOL("ceph", ::thindisk::io::rados_test::HaveRadosCli());        \
+    const std::string td_conf_ = ::thindisk::io::rados_test::CephConf();        \
+    if (td_conf_.empty() || access(td_conf_.c_str(), R_OK) != 0) {              \
+      TD_SKIP_OR_FAIL(                                                          \
+          "no test cluster: CEPH_CONF='"                                        \
+          << td_conf_                                                           \
+          << "' (ctest starts one: ctest -R 'Rados', or "                       \
+             "scripts/ceph-cluster.sh start DIR and CEPH_CONF=DIR/ceph.conf)"); \
+    }                                                                           \
   } while (0)
 
 // "rados://thindisk/<test>-<pid>-<n>": a name no other test or run uses.
