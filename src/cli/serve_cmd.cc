@@ -27,7 +27,6 @@
 #include "cli/serve_list.h"
 #include "cli/serve_open.h"
 #include "cli/serve_options.h"
-#include "io/uring_storage.h"
 #include "nbd/server.h"
 
 #ifndef THINDISK_VERSION
@@ -67,9 +66,9 @@ constexpr const char* kFooter =
     "client leaves (qemu-nbd -t; --once gives qemu-nbd's default of exiting); -e defaults to\n"
     "64 clients (qemu-nbd: 1); TCP binds 127.0.0.1 by default (qemu-nbd: 0.0.0.0); --discard\n"
     "defaults to unmap (qemu-nbd: ignore); qemu:allocation-depth is always offered (-A is\n"
-    "accepted); --aio=native runs on threads, our fastest path here; --stdio has no short -s\n"
-    "(-s is qemu-nbd's --snapshot). Kernel devices (-c, -d), dirty bitmaps (-B), TLS and\n"
-    "--object are refused with a message.";
+    "accepted); --aio=native and --aio=io_uring run on threads, our fastest path here;\n"
+    "--stdio has no short -s (-s is qemu-nbd's --snapshot). Kernel devices (-c, -d), dirty\n"
+    "bitmaps (-B), TLS and --object are refused with a message.";
 
 class ServeCommand final : public Subcommand {
  public:
@@ -111,8 +110,8 @@ class ServeCommand final : public Subcommand {
                     "Host cache: writeback, none (O_DIRECT), writethrough (writes durable before "
                     "the reply), directsync (both), unsafe (no flushes)");
     sub->add_option("--aio", aio_,
-                    "I/O engine: threads, io_uring, or native (= threads: our fastest "
-                    "asynchronous path here)");
+                    "I/O engine: threads (default); io_uring and native are accepted and run "
+                    "on threads, our fastest path here (docs/performance.md)");
     sub->add_option("--discard", discard_, "TRIM handling: ignore (off) or unmap (on; default)");
     sub->add_option("--detect-zeroes", detect_zeroes_,
                     "Turn all-zero writes into zero writes: off, on, unmap");
@@ -289,10 +288,9 @@ class ServeCommand final : public Subcommand {
     if (!cache_size_text_.empty()) {
       TD_ASSIGN_OR_RETURN(open.cache_bytes, ParseSize(cache_size_text_));
     }
-    if (!aio_.empty()) {
-      TD_ASSIGN_OR_RETURN(AioChoice aio, ParseAioMode(aio_));
-      if (aio == AioChoice::kIoUring) UseUring(open);
-    }
+    // Every --aio runs on threads: io_uring, used synchronously per worker,
+    // lost to them (0.70x for random writes; docs/performance.md).
+    if (!aio_.empty()) TD_RETURN_IF_ERROR(ParseAioMode(aio_).status());
     if (!discard_.empty()) {
       TD_ASSIGN_OR_RETURN(s.filter.discard, ParseDiscardMode(discard_));
     }
@@ -313,17 +311,6 @@ class ServeCommand final : public Subcommand {
     return s;
   }
 
-  // --aio=io_uring, or a warning and threads where the kernel refuses it.
-  void UseUring(block::OpenOptions& open) const {
-    Status avail = io::UringAvailable();
-    if (avail.ok()) {
-      open.open_file = io::OpenUringFile;
-    } else {
-      PrintWarning("--aio=io_uring unavailable (" + avail.message() +
-                   "); falling back to --aio=threads");
-    }
-  }
-
   // --image-opts: `file` becomes the file name; its keys override the flags.
   Status ApplyImageOpts(std::string& file, ExportSettings& s) const {
     TD_ASSIGN_OR_RETURN(ImageOpts o, ParseImageOpts(file));
@@ -341,8 +328,6 @@ class ServeCommand final : public Subcommand {
     if (o.discard) s.filter.discard = *o.discard;
     if (o.detect_zeroes) s.filter.detect_zeroes = *o.detect_zeroes;
     TD_RETURN_IF_ERROR(CheckFilterOptions(s.filter));
-    if (o.aio && *o.aio == AioChoice::kIoUring) UseUring(s.open);
-    if (o.aio && *o.aio == AioChoice::kThreads) s.open.open_file = nullptr;
     s.offset += o.offset;
     s.size = o.size;
     return Status::Ok();
@@ -374,7 +359,7 @@ class ServeCommand final : public Subcommand {
              : s.open.cache == io::CacheMode::kUnsafe ? "unsafe"
              : s.write_through                        ? "writethrough"
                                                       : "writeback");
-    line += std::string(", aio=") + (s.open.open_file ? "io_uring" : "threads") + ")";
+    line += ", aio=threads)";
     return line;
   }
 

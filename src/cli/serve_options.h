@@ -28,9 +28,9 @@ struct CacheChoice {
 };
 Result<CacheChoice> ParseCacheMode(std::string_view text);
 
-// --aio=threads|native|io_uring. native (Linux AIO in qemu) maps to our
-// fastest asynchronous path, which today is threads: the worker pool over
-// buffered or O_DIRECT pread/pwrite beats our io_uring storage here.
+// --aio=threads|native|io_uring, parsed for qemu-nbd command lines. Every
+// mode runs on threads, our fastest path: the worker pool over buffered or
+// O_DIRECT pread/pwrite beat an io_uring ring per worker (docs/performance.md).
 enum class AioChoice { kThreads, kIoUring };
 Result<AioChoice> ParseAioMode(std::string_view text);
 

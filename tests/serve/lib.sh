@@ -57,8 +57,7 @@ check_clean() {
 }
 
 # uring_rings PID: how many io_uring rings process PID holds (its
-# anon_inode:[io_uring] descriptors; UringStorage keeps one per thread that
-# did I/O, for as long as the thread lives).
+# anon_inode:[io_uring] descriptors).
 uring_rings() {
   local fd n=0
   for fd in /proc/"$1"/fd/*; do
@@ -67,26 +66,11 @@ uring_rings() {
   echo "$n"
 }
 
-# expect_uring_used PID ERRFILE WHAT: the server PID, started with
-# --aio=io_uring and still running after I/O, really used io_uring: it holds
-# a ring. If instead it warned (in ERRFILE) that io_uring is unavailable and
-# fell back to threads, that is a note locally and a failure in CI.
-expect_uring_used() {
-  local pid=$1 err=$2 what=$3
-  if grep -q "io_uring unavailable" "$err"; then
-    capabilities_required &&
-      fail "$what: $(grep "io_uring unavailable" "$err") (CI/THINDISK_REQUIRE_TOOLS set: io_uring must work)"
-    echo "($what: io_uring unavailable here; served with threads)"
-    return 0
-  fi
-  (($(uring_rings "$pid") > 0)) ||
-    fail "$what: --aio=io_uring, but the server (pid $pid) holds no io_uring ring after I/O"
-}
-
-# expect_no_uring PID WHAT: a server without --aio=io_uring holds no ring
-# (which also shows that uring_rings tells the two apart).
+# expect_no_uring PID WHAT: the server PID, after I/O, holds no io_uring
+# ring: every --aio mode, io_uring included, runs on threads (io_uring used
+# synchronously per worker lost to them; docs/performance.md).
 expect_no_uring() {
   local n
   n=$(uring_rings "$1")
-  ((n == 0)) || fail "$2: $n io_uring ring(s) without --aio=io_uring"
+  ((n == 0)) || fail "$2: $n io_uring ring(s): every --aio mode should run on threads"
 }
