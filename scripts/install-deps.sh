@@ -10,7 +10,7 @@ PACKAGES=(
   # clang's sanitizer and libFuzzer runtimes (a Recommends, which --no-install-recommends skips)
   libclang-rt-14-dev
   # libraries
-  zlib1g-dev libzstd-dev liburing-dev libcli11-dev libfmt-dev nlohmann-json3-dev
+  zlib1g-dev libzstd-dev libcli11-dev libfmt-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev googletest libbenchmark-dev libnbd-dev
   # librados: C API (librados-dev) and the C++ one io::RadosStorage uses (libradospp-dev)
   librados-dev libradospp-dev

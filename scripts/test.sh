@@ -72,7 +72,7 @@ if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
     -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DTHINDISK_SANITIZE=thread
   step "build $BUILD_TSAN"
   TSAN_TARGETS=(nbd_server_test nbd_run_server_test nbd_negotiation_test nbd_filter_device_test
-                qcow2_engine_test compress_test io_test io_uring_storage_test bench_test nbdclient_test
+                qcow2_engine_test compress_test io_test bench_test nbdclient_test
                 crash_test thindisk)
   cmake --build "$ROOT/$BUILD_TSAN" -j"$JOBS" --target "${TSAN_TARGETS[@]}"
   step "test $BUILD_TSAN"
@@ -81,7 +81,7 @@ if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
   TSAN_BIN=$ROOT/$BUILD_TSAN
   # Whole binaries: each runs in seconds under TSan.
   for t in nbd/nbd_server_test nbd/nbd_run_server_test nbd/nbd_negotiation_test \
-           nbd/nbd_filter_device_test io/io_test io/io_uring_storage_test bench/bench_test \
+           nbd/nbd_filter_device_test io/io_test bench/bench_test \
            nbdclient/nbdclient_test; do
     "$TSAN_BIN/src/$t" --gtest_brief=1 || tsan_ok=0
   done

@@ -72,7 +72,8 @@ struct OpenOptions {
   // Metadata cache budget for each qcow2 layer.
   uint64_t cache_bytes = 64ull << 20;
   // Opens each layer's host file; nullptr: io::OpenFile. Lets a caller put
-  // another io::Storage (io_uring, see io/uring_storage.h) under the chain.
+  // another io::Storage under the chain (the bench's latency and counting
+  // wrappers, src/bench/bench_image.cc).
   std::function<Result<std::unique_ptr<io::Storage>>(const std::string& path,
                                                      const io::OpenOptions& options)>
       open_file;

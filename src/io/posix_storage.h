@@ -61,15 +61,6 @@ class PosixStorage final : public Storage {
 
   bool direct() const { return direct_; }
 
-  // For another writer of the same file (UringStorage's ring writes): hold
-  // this while a write may extend the file, so that a direct write's tail
-  // trim (see extend_mu_) never cuts it off. Do not call this object's
-  // write methods while holding it.
-  std::shared_lock<std::shared_mutex> LockAgainstTrim() {
-    return std::shared_lock<std::shared_mutex>(extend_mu_);
-  }
-  uint32_t block_size() const { return block_size_; }
-
  private:
   static constexpr size_t kStripes = 64;
 

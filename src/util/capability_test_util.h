@@ -1,4 +1,4 @@
-// What a test needs from the machine (a tool such as qemu-img, io_uring,
+// What a test needs from the machine (a tool such as qemu-img, a Ceph cluster,
 // O_DIRECT, a tmpfs) and what happens when the machine lacks it: the rule
 // of STYLE.md habit 8 and docs/testing.md, in one place for every gtest.
 //
@@ -10,7 +10,7 @@
 //     and every probe that consults it reports the capability unavailable.
 //     That is how the rule itself is tested: run a suite with the switch,
 //     once without CI (it must skip) and once with CI=1 (it must fail); see
-//     tests/skip_rule.sh. Names in use: io_uring, o_direct, and tool names
+//     tests/skip_rule.sh. Names in use: o_direct, ceph, and tool names
 //     (qemu-img, qemu-io, nbdinfo, nbdcopy, ...).
 //
 // Header-only and dependency-free (getenv and gtest), so tests of any layer
