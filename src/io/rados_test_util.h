@@ -24,27 +24,14 @@
 #include <vector>
 
 #include "util/capability_test_util.h"
+#include "util/shell_test_util.h"
 
 namespace thindisk::io::rados_test {
 
 inline constexpr const char* kPool = "thindisk";
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-inline RunResult Shell(const std::string& cmd) {
-  RunResult r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using test_env::RunResult;
+using test_env::Shell;
 
 inline std::string CephConf() {
   const char* c = std::getenv("CEPH_CONF");

@@ -15,25 +15,12 @@
 #include "io/posix_storage.h"
 #include "qcow2/image_test_util.h"
 #include "util/capability_test_util.h"
+#include "util/shell_test_util.h"
 
 namespace thindisk::qcow2::testing {
 
-struct RunResult {
-  int exit_code = -1;
-  std::string output;
-};
-
-inline RunResult Shell(const std::string& cmd) {
-  RunResult r;
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return r;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+using test_env::RunResult;
+using test_env::Shell;
 
 inline bool HaveQemuImg() { return Shell("qemu-img --version").exit_code == 0; }
 
