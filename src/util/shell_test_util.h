@@ -12,8 +12,8 @@
 namespace thindisk::test_env {
 
 struct RunResult {
-  int exit_code = -1;   // -1: could not run, or killed by a signal
-  std::string output;   // stdout and stderr
+  int exit_code = -1;  // -1: could not run, or killed by a signal
+  std::string output;  // stdout and stderr
 };
 
 inline RunResult Shell(const std::string& cmd) {
