@@ -112,19 +112,52 @@ std::string RadosName::ToString() const {
 
 std::string RadosName::PoolUri() const { return std::string(kRadosScheme) + pool; }
 
+std::string RadosName::Uri() const {
+  std::string uri = ToString();
+  char sep = '?';
+  if (!conf.empty()) {
+    uri.append(1, sep).append("conf=").append(conf);
+    sep = '&';
+  }
+  if (!id.empty()) uri.append(1, sep).append("id=").append(id);
+  return uri;
+}
+
 bool IsRadosName(std::string_view name) { return name.starts_with(kRadosScheme); }
 
-Result<RadosName> ParseRadosName(std::string_view name) {
+namespace {
+
+// The part between "rados://" and the query, with the query parsed into `out`.
+Result<std::string_view> SplitQuery(std::string_view name, RadosName& out) {
   if (!IsRadosName(name))
     return Bad(name, "not a rados:// name (want rados://POOL/IMAGE)");
   if (name.find('#') != std::string_view::npos) return Bad(name, "'#' is not allowed");
   std::string_view rest = name.substr(kRadosScheme.size());
-  RadosName out;
   const size_t q = rest.find('?');
   if (q != std::string_view::npos) {
     TD_RETURN_IF_ERROR(ParseQuery(name, rest.substr(q + 1), out));
     rest = rest.substr(0, q);
   }
+  return rest;
+}
+
+}  // namespace
+
+Result<RadosName> ParseRadosPool(std::string_view name) {
+  RadosName out;
+  TD_ASSIGN_OR_RETURN(std::string_view rest, SplitQuery(name, out));
+  if (rest.ends_with('/')) rest.remove_suffix(1);
+  if (rest.find('/') != std::string_view::npos) {
+    return Bad(name, "names an image, not a pool (want rados://POOL)");
+  }
+  TD_RETURN_IF_ERROR(CheckPool(name, rest));
+  out.pool = rest;
+  return out;
+}
+
+Result<RadosName> ParseRadosName(std::string_view name) {
+  RadosName out;
+  TD_ASSIGN_OR_RETURN(std::string_view rest, SplitQuery(name, out));
   const size_t slash = rest.find('/');
   if (slash == std::string_view::npos) {
     TD_RETURN_IF_ERROR(CheckPool(name, rest));

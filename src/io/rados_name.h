@@ -46,6 +46,9 @@ struct RadosName {
   std::string ToString() const;
   // The pool's URI, "rados://POOL" (messages about the pool itself).
   std::string PoolUri() const;
+  // The full name, query included ("rados://POOL/IMAGE?conf=PATH&id=ID",
+  // keys only when set): parses back to an equal RadosName.
+  std::string Uri() const;
 };
 
 // True when `name` starts with "rados://" (the name is meant for RADOS,
@@ -55,5 +58,9 @@ bool IsRadosName(std::string_view name);
 // Parses a rados:// name. kInvalidArgument with the reason and the name
 // ("rados://pool: no image name (want rados://POOL/IMAGE)").
 Result<RadosName> ParseRadosName(std::string_view name);
+
+// Parses a pool's name, rados://POOL[/][?conf=PATH][&id=CLIENT] (thindisk
+// ls): the result's image is empty.
+Result<RadosName> ParseRadosPool(std::string_view name);
 
 }  // namespace thindisk::io

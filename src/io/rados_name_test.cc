@@ -90,5 +90,45 @@ TEST(RadosName, Limits) {
   EXPECT_NE(long_pool.status().message().find("pool name longer"), std::string::npos);
 }
 
+TEST(RadosName, UriRoundTrips) {
+  for (const char* text : {"rados://p/i", "rados://p/i?conf=/etc/c.conf",
+                           "rados://p/i?id=backup", "rados://p/i?conf=/c&id=backup"}) {
+    auto n = ParseRadosName(text);
+    ASSERT_TRUE(n) << text << ": " << n.status().message();
+    EXPECT_EQ(n->Uri(), text);
+    auto again = ParseRadosName(n->Uri());
+    ASSERT_TRUE(again);
+    EXPECT_EQ(again->conf, n->conf);
+    EXPECT_EQ(again->id, n->id);
+  }
+  // The query's order does not matter; Uri() puts conf first.
+  auto swapped = ParseRadosName("rados://p/i?id=x&conf=/c");
+  ASSERT_TRUE(swapped);
+  EXPECT_EQ(swapped->Uri(), "rados://p/i?conf=/c&id=x");
+}
+
+TEST(RadosName, Pools) {
+  for (const char* text : {"rados://pool", "rados://pool/", "rados://pool?conf=/c"}) {
+    auto n = ParseRadosPool(text);
+    ASSERT_TRUE(n) << text << ": " << n.status().message();
+    EXPECT_EQ(n->pool, "pool");
+    EXPECT_TRUE(n->image.empty());
+  }
+  EXPECT_EQ(ParseRadosPool("rados://pool?conf=/c")->conf, "/c");
+  struct Case {
+    const char* name;
+    const char* why;
+  };
+  for (const Case& c : {Case{"rados://pool/img", "names an image, not a pool"},
+                        Case{"rados://", "no pool name"}, Case{"rados:///", "no pool name"},
+                        Case{"rados://pool?x=1", "unknown key 'x'"},
+                        Case{"nbd://pool", "not a rados:// name"}}) {
+    auto n = ParseRadosPool(c.name);
+    ASSERT_FALSE(n) << c.name;
+    EXPECT_NE(n.status().message().find(c.why), std::string::npos)
+        << c.name << ": " << n.status().message();
+  }
+}
+
 }  // namespace
 }  // namespace thindisk::io
