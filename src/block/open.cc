@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "block/read_only_image.h"
+#include "io/rados_name.h"
+#include "io/rados_storage.h"
 #include "nbdclient/nbd_storage.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/format.h"
@@ -23,7 +25,8 @@ namespace {
 
 // One image already opened further up the chain, identified the way the
 // host does (a loop may use different names for the same file). An NBD
-// export has no inode here: it is identified by its URI string.
+// export or RADOS image has no inode here: it is identified by its name
+// (LayerName).
 struct ChainLink {
   dev_t dev = 0;
   ino_t ino = 0;
@@ -45,6 +48,16 @@ Status MissingImage(int error_number, const std::string& filename) {
   return Status::FromErrno(error_number, filename);
 }
 using Chain = std::vector<ChainLink>;
+
+// The name a URI layer is known by in the chain: a rados:// name with its
+// query in one order (Uri()), so "?id=a&conf=c" and "?conf=c&id=a" meet.
+std::string LayerName(const std::string& name) {
+  if (io::IsRadosName(name)) {
+    auto parsed = io::ParseRadosName(name);
+    if (parsed) return parsed->Uri();
+  }
+  return name;
+}
 
 Result<std::string> ProbeStorage(io::Storage& storage) {
   std::array<uint8_t, 4> magic{};
@@ -117,10 +130,11 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
   // 1. Identify the file and refuse loops and over-deep chains before
   //    opening anything.
   struct stat st {};
-  const bool uri = nbdclient::IsNbdUri(filename);
+  const bool uri = IsUriName(filename);
   if (!uri && ::stat(filename.c_str(), &st) != 0) return MissingImage(errno, filename);
+  const std::string layer_name = uri ? LayerName(filename) : filename;
   for (const ChainLink& link : chain) {
-    if (SameLayer(link, st, filename, uri)) {
+    if (SameLayer(link, st, layer_name, uri)) {
       return Status::InvalidArgument(LoopMessage(chain, filename));
     }
   }
@@ -129,7 +143,7 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
     return Status::InvalidArgument("backing chain too deep (> " +
                                    std::to_string(options.max_chain_depth) + ")");
   }
-  chain.push_back({st.st_dev, st.st_ino, filename, uri});
+  chain.push_back({st.st_dev, st.st_ino, layer_name, uri});
 
   // 2. Open the host file and settle the format.
   io::OpenOptions io_options;
@@ -176,10 +190,29 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
 
 }  // namespace
 
+bool IsUriName(const std::string& name) {
+  return nbdclient::IsNbdUri(name) || io::IsRadosName(name);
+}
+
 std::string ResolveBackingName(const std::string& overlay, const std::string& backing_name) {
   if (backing_name.empty() || backing_name.front() == '/') return backing_name;
+  if (io::IsRadosName(overlay) && !nbdclient::IsNbdUri(backing_name)) {
+    // In the overlay's pool and cluster (see the header). A name that does
+    // not parse is left as it is, for the open to report.
+    auto at = io::ParseRadosName(overlay);
+    if (!at) return backing_name;
+    if (!io::IsRadosName(backing_name)) {
+      at->image = backing_name;
+      return at->Uri();
+    }
+    auto named = io::ParseRadosName(backing_name);
+    if (!named || !named->conf.empty() || !named->id.empty()) return backing_name;
+    named->conf = at->conf;
+    named->id = at->id;
+    return named->Uri();
+  }
   // A URI is never joined onto a directory, and an export has none.
-  if (nbdclient::IsNbdUri(backing_name) || nbdclient::IsNbdUri(overlay)) return backing_name;
+  if (IsUriName(backing_name) || nbdclient::IsNbdUri(overlay)) return backing_name;
   size_t slash = overlay.rfind('/');
   if (slash == std::string::npos) return backing_name;
   return overlay.substr(0, slash + 1) + backing_name;
@@ -204,6 +237,7 @@ Result<std::string> ProbeFormat(const std::string& filename) {
 Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
                                                  const io::OpenOptions& options) {
   if (nbdclient::IsNbdUri(name)) return nbdclient::OpenNbd(name, options.read_only);
+  if (io::IsRadosName(name)) return io::OpenRados(name, options);
   auto file = io::OpenFile(name, options);
   if (!file.has_value() && file.error().error_number() == ENOENT) {
     return MissingImage(ENOENT, name);
@@ -213,7 +247,7 @@ Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
 
 Result<std::optional<io::QemuImageLock>> LockImage(const std::string& name,
                                                    io::QemuLockMode mode) {
-  if (nbdclient::IsNbdUri(name)) return std::optional<io::QemuImageLock>();
+  if (IsUriName(name)) return std::optional<io::QemuImageLock>();
   auto lock = io::QemuImageLock::Acquire(name, mode);
   if (lock) return std::optional<io::QemuImageLock>(std::move(*lock));
   if (lock.error().code() == Code::kNotSupported) return std::optional<io::QemuImageLock>();

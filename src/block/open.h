@@ -20,6 +20,14 @@
 // onto an overlay's directory, and always opened with nbdclient::OpenNbd
 // (OpenOptions::open_file is for files only).
 //
+// So may a rados:// name (io/rados_name.h): an image stored as objects in a
+// Ceph pool (io/rados_storage.h), again the protocol layer under a probed or
+// given format. A relative backing name of an image in RADOS names another
+// image in the same pool, and a rados:// backing name that says neither
+// conf nor id inherits the overlay's (the cluster a chain lives in is where
+// its overlay was found; a conf path stored in an image would tie it to one
+// host). Loops are found by the resolved name (conf, id, pool, image).
+//
 // Thread safety: Open and ProbeFormat are reentrant; the returned Device
 // follows the block::Device contract.
 #pragma once
@@ -79,6 +87,11 @@ struct OpenOptions {
       open_file;
 };
 
+// True for an image name that is no host path: an NBD URI or a rados://
+// name. Such names are compared as strings, never stat'ed, unlinked or
+// joined onto a directory.
+bool IsUriName(const std::string& name);
+
 // Opens `filename` (and its backing chain). Errors: kNotFound (missing file),
 // kInvalidArgument (unknown format, "backing chain too deep (> N)",
 // "backing file loop: a -> b -> a"), whatever the format driver reports
@@ -89,21 +102,25 @@ Result<std::unique_ptr<Device>> Open(const std::string& filename, const OpenOpti
 Result<std::string> ProbeFormat(const std::string& filename);
 
 // Opens the storage behind an image name: the NBD export for an NBD URI,
-// else io::OpenFile. A missing name shaped like "scheme://..." is reported
+// the objects of a rados:// image, else io::OpenFile. A missing name shaped like "scheme://..." is reported
 // as an unknown protocol.
 Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
                                                  const io::OpenOptions& options);
 
 // qemu's image lock on `name` for a command that opens the image more than
 // once and holds the lock across those opens (io/qemu_lock.h). nullopt for
-// an NBD URI (the server guards its export) and on a filesystem without
-// OFD locks; kBusy when another process uses the image.
+// an NBD URI (the server guards its export), a rados:// image (its lock is
+// the storage's own, taken by every read-write open) and on a filesystem
+// without OFD locks; kBusy when another process uses the image.
 Result<std::optional<io::QemuImageLock>> LockImage(const std::string& name,
                                                    io::QemuLockMode mode);
 
 // The path a backing name refers to: `backing_name` itself when absolute,
 // an NBD URI, named by an NBD overlay or by an overlay with no directory
-// part; else the overlay's directory joined with it ("dir/overlay.qcow2" +
+// part; for an overlay in RADOS, a relative name is the image of that name
+// in the same pool and a rados:// name gets the overlay's conf and id when
+// it has neither ("rados://p/clone?conf=c" + "base" -> "rados://p/base?conf=c");
+// else the overlay's directory joined with it ("dir/overlay.qcow2" +
 // "base.qcow2" -> "dir/base.qcow2").
 std::string ResolveBackingName(const std::string& overlay, const std::string& backing_name);
 

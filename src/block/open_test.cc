@@ -68,6 +68,30 @@ TEST(ResolveBackingNameTest, RelativeNamesFollowTheOverlay) {
   EXPECT_EQ(ResolveBackingName("dir/o.qcow2", "/abs/b.qcow2"), "/abs/b.qcow2");
 }
 
+TEST(ResolveBackingNameTest, RadosOverlaysResolveInTheirPoolAndCluster) {
+  // A relative name: the image of that name in the overlay's pool, reached
+  // the way the overlay was.
+  EXPECT_EQ(ResolveBackingName("rados://p/clone", "base"), "rados://p/base");
+  EXPECT_EQ(ResolveBackingName("rados://p/clone?id=vm&conf=/c", "base"),
+            "rados://p/base?conf=/c&id=vm");
+  // A rados:// name without conf and id inherits both; with either, it is
+  // used as stored.
+  EXPECT_EQ(ResolveBackingName("rados://p/clone?conf=/c", "rados://q/gold"),
+            "rados://q/gold?conf=/c");
+  EXPECT_EQ(ResolveBackingName("rados://p/clone?conf=/c", "rados://q/gold?id=x"),
+            "rados://q/gold?id=x");
+  // Absolute paths and NBD URIs are what they say, from any overlay.
+  EXPECT_EQ(ResolveBackingName("rados://p/clone", "/var/lib/b.qcow2"), "/var/lib/b.qcow2");
+  EXPECT_EQ(ResolveBackingName("rados://p/clone", "nbd://h/x"), "nbd://h/x");
+  // A rados:// base of a local overlay is never joined onto its directory.
+  EXPECT_EQ(ResolveBackingName("dir/o.qcow2", "rados://p/base"), "rados://p/base");
+  // A relative name that is no image name is left for the open to refuse.
+  EXPECT_EQ(ResolveBackingName("rados://p/clone", "../b"), "rados://p/../b");
+  EXPECT_TRUE(IsUriName("rados://p/i"));
+  EXPECT_TRUE(IsUriName("nbd+unix:///?socket=/s"));
+  EXPECT_FALSE(IsUriName("radosfile"));
+}
+
 TEST_F(OpenTest, ProbesRawAndOpensIt) {
   WriteFile("plain.img", std::vector<uint8_t>(8192, 0x42));
   auto fmt = ProbeFormat(Path("plain.img"));

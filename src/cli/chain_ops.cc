@@ -16,6 +16,12 @@ Result<size_t> FindLayer(const std::vector<ImageSummary>& chain, const std::stri
   // directory (as backing names are), then relative to the working directory.
   for (const std::string& candidate :
        {block::ResolveBackingName(chain.front().filename, path), path}) {
+    if (block::IsUriName(candidate)) {  // an export or RADOS image: by name
+      for (size_t i = 1; i < chain.size(); ++i) {
+        if (chain[i].filename == candidate) return i;
+      }
+      continue;
+    }
     struct stat want {};
     if (::stat(candidate.c_str(), &want) != 0) continue;
     for (size_t i = 1; i < chain.size(); ++i) {

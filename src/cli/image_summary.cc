@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "block/open.h"
-#include "nbdclient/nbd_uri.h"
 #include "vhd/vhd_image.h"
 
 namespace thindisk::cli {
@@ -110,10 +109,11 @@ Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
   std::string path_text;
   while (true) {
     struct stat st {};
-    const bool uri = nbdclient::IsNbdUri(name);
+    const bool uri = block::IsUriName(name);
     if (!uri && ::stat(name.c_str(), &st) != 0) return Status::FromErrno(errno, name);
     path_text += (path_text.empty() ? "" : " -> ") + name;
-    // An NBD export is identified by its URI (seen_uris), a file by inode.
+    // An NBD export or RADOS image is identified by its name (seen_uris), a
+    // file by inode.
     if (uri ? !seen_uris.insert(name).second : !seen.insert({st.st_dev, st.st_ino}).second) {
       return Status::InvalidArgument("backing file loop: " + path_text);
     }

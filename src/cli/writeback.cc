@@ -5,13 +5,13 @@
 
 #include <cerrno>
 
-#include "nbdclient/nbd_uri.h"
+#include "block/open.h"
 
 namespace thindisk::cli {
 
 BackgroundWriteback::BackgroundWriteback(const std::string& path, uint64_t every)
     : path_(path), every_(every) {
-  if (nbdclient::IsNbdUri(path) || every == 0) return;
+  if (block::IsUriName(path) || every == 0) return;
   fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd_ >= 0) thread_ = std::thread([this] { Run(); });
 }

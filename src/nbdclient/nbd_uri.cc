@@ -32,7 +32,8 @@ bool IsNbdUri(std::string_view name) {
 
 std::string UnknownProtocolMessage(std::string_view name) {
   return std::string(name) + ": unknown protocol '" + UriScheme(name) +
-         "' (images are files or nbd://, nbd+unix://, nbds://, nbds+unix:// URIs)";
+         "' (images are files, nbd://, nbd+unix://, nbds://, nbds+unix:// URIs or "
+         "rados://POOL/IMAGE)";
 }
 
 }  // namespace thindisk::nbdclient

@@ -27,8 +27,9 @@ bool IsNbdUri(std::string_view name);
 // `name` does not look like a URI (an ordinary file name).
 std::string UriScheme(std::string_view name);
 
-// "NAME: unknown protocol 'nbdx' (images are files or nbd://, nbd+unix://,
-// nbds://, nbds+unix:// URIs)", for a URI-shaped name that is no file.
+// "NAME: unknown protocol 'nbdx' (images are files, nbd://, nbd+unix://,
+// nbds://, nbds+unix:// URIs or rados://POOL/IMAGE)", for a URI-shaped name
+// that is no file.
 std::string UnknownProtocolMessage(std::string_view name);
 
 }  // namespace thindisk::nbdclient
