@@ -34,6 +34,11 @@ class CompactCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
+    if (block::IsUriName(filename_)) {
+      // It renames a new file over the old one: only a local file can.
+      return Status::NotSupported(filename_ + ": compact works on local image files (" +
+                                  "copy the image with 'thindisk convert -O qcow2' instead)");
+    }
     TD_ASSIGN_OR_RETURN(std::string format, block::ProbeFormat(filename_));
     if (format != "qcow2") {
       return Status::NotSupported(filename_ + ": compact works on qcow2 images (this is " +

@@ -23,6 +23,7 @@
 #include "cli/common.h"
 #include "cli/image_create.h"
 #include "cli/writeback.h"
+#include "io/rados_name.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/image.h"
 #include "qcow2/measure.h"
@@ -334,7 +335,7 @@ class ConvertCommand final : public Subcommand {
       }
     }
     const bool dst_export = nbdclient::IsNbdUri(dst_file_);
-    if (!dst_export && !nbdclient::UriScheme(dst_file_).empty()) {
+    if (!block::IsUriName(dst_file_) && !nbdclient::UriScheme(dst_file_).empty()) {
       // As qemu-img does, "scheme://" names a protocol, never a new file.
       return Status::InvalidArgument(nbdclient::UnknownProtocolMessage(dst_file_));
     }
@@ -343,7 +344,7 @@ class ConvertCommand final : public Subcommand {
 
     Status s = Copy(*src, !plan.backing_file.empty());
     if (!s.ok()) {
-      if (!dst_export) ::unlink(dst_file_.c_str());
+      if (!dst_export) RemoveCreatedImage(dst_file_);
       return s;
     }
     (void)src->Close();
@@ -354,6 +355,12 @@ class ConvertCommand final : public Subcommand {
   Status RefuseSameFile() const {
     if (nbdclient::IsNbdUri(src_file_) && src_file_ == dst_file_) {
       return Status::InvalidArgument("source and destination are the same export: " + dst_file_);
+    }
+    // One pool and image is one image, whatever the query says.
+    auto src_rados = io::ParseRadosName(src_file_);
+    auto dst_rados = io::ParseRadosName(dst_file_);
+    if (src_rados && dst_rados && src_rados->ToString() == dst_rados->ToString()) {
+      return Status::InvalidArgument("source and destination are the same image: " + dst_file_);
     }
     struct stat a {}, b {};
     if (::stat(src_file_.c_str(), &a) == 0 && ::stat(dst_file_.c_str(), &b) == 0 &&

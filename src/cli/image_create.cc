@@ -4,6 +4,8 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "io/rados_name.h"
+#include "io/rados_storage.h"
 #include "nbdclient/export_file.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/measure.h"
@@ -28,6 +30,38 @@ Result<raw::RawPrealloc> ParseRawPrealloc(const std::string& v) {
                                  "' for raw (off, falloc or full)");
 }
 
+// A new image in a pool: the header object first (exclusive, so an image
+// that exists is refused and left alone), then the format written through
+// the storage; any failure after the header removes the image again.
+Status CreateRadosImage(const std::string& name, const CreatePlan& plan) {
+  const uint64_t object_size =
+      plan.object_size ? plan.object_size : uint64_t(1) << io::RadosHeader::kDefaultObjectOrder;
+  if (plan.format == "qcow2" && object_size % plan.qcow2.cluster_size != 0) {
+    return Status::InvalidArgument(name + ": object_size " + std::to_string(object_size) +
+                                   " is not a multiple of the cluster size " +
+                                   std::to_string(plan.qcow2.cluster_size));
+  }
+  Status made = io::CreateRados(name, 0, object_size);
+  if (made.code() == Code::kBusy) {
+    return Status(Code::kBusy, made.message() + " (remove it first: thindisk rm " + name + ")",
+                  EEXIST);
+  }
+  TD_RETURN_IF_ERROR(made);
+  io::OpenOptions io_options;
+  auto storage = io::OpenRados(name, io_options);
+  std::string warning;
+  Status s = storage.status();
+  if (s.ok()) s = WriteImage(**storage, plan, &warning);
+  if (s.ok()) s = (*storage)->Flush();
+  if (storage) storage->reset();
+  if (!s.ok()) {
+    (void)io::RemoveRados(name);
+    return s.WithContext(name);
+  }
+  if (!warning.empty()) PrintWarning(warning);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<qcow2::Preallocation> ParseQcow2Prealloc(const std::string& v) {
@@ -47,6 +81,10 @@ Status ApplyCreateOption(CreatePlan& plan, const std::string& key, const std::st
     plan.backing_file = value;
   } else if (key == "backing_fmt") {
     plan.backing_format = value;
+  } else if (key == "object_size") {
+    TD_ASSIGN_OR_RETURN(plan.object_size, ParseSize(value));
+    // The range and power-of-two rule are io::RadosObjectOrder's.
+    TD_RETURN_IF_ERROR(io::RadosObjectOrder(plan.object_size, "object_size").status());
   } else if (key == "preallocation") {
     if (plan.format == "raw") {
       TD_ASSIGN_OR_RETURN(plan.raw_prealloc, ParseRawPrealloc(value));
@@ -112,6 +150,7 @@ std::string FormattingLine(const std::string& filename, const CreatePlan& p) {
   if (!p.backing_file.empty()) line += " backing_file=" + p.backing_file;
   if (!p.backing_format.empty()) line += " backing_fmt=" + p.backing_format;
   if (!p.compat_text.empty()) line += " compat=" + p.compat_text;
+  if (p.object_size) line += " object_size=" + std::to_string(p.object_size);
   line += std::string(" lazy_refcounts=") + (q.lazy_refcounts ? "on" : "off");
   line += " refcount_bits=" + std::to_string(q.refcount_bits);
   return line;
@@ -130,6 +169,11 @@ Status ApplyCreateOptions(CreatePlan& plan, const std::vector<std::string>& opti
 }
 
 Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
+  if (plan.object_size && !io::IsRadosName(filename)) {
+    return Status::InvalidArgument(filename +
+                                   ": object_size is an option of rados:// images only");
+  }
+  if (io::IsRadosName(filename)) return CreateRadosImage(filename, plan);
   if (nbdclient::IsNbdUri(filename)) return CreateOnExport(filename, plan, nullptr);
   io::OpenOptions io_options;
   io_options.create = true;
@@ -148,6 +192,14 @@ Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
   }
   if (!warning.empty()) PrintWarning(warning);
   return Status::Ok();
+}
+
+void RemoveCreatedImage(const std::string& filename) {
+  if (io::IsRadosName(filename)) {
+    (void)io::RemoveRados(filename);
+  } else if (!block::IsUriName(filename)) {
+    ::unlink(filename.c_str());
+  }
 }
 
 // See image_create.h.

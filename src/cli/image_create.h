@@ -23,6 +23,8 @@ struct CreatePlan {
   raw::RawPrealloc raw_prealloc = raw::RawPrealloc::kOff;
   std::string preallocation_text;  // as given, for the "Formatting" line
   std::string compat_text;
+  // -o object_size: a rados:// image's data object size (0: 4 MiB).
+  uint64_t object_size = 0;
   // Whether -o named these, so compat=0.10 can drop our v3-only defaults.
   bool extended_l2_given = false;
   bool compression_type_given = false;
@@ -48,8 +50,15 @@ std::string FormattingLine(const std::string& filename, const CreatePlan& plan);
 // On failure after the file was created, removes it so no half-made image
 // is left. A fallback the host forced (falloc -> zeros) is printed as a
 // warning on stderr.
-// An NBD URI is created with CreateOnExport (src: none).
+// An NBD URI is created with CreateOnExport (src: none). A rados:// image
+// is never overwritten: kBusy when it exists (qemu-img's rbd driver refuses
+// too; remove it first with thindisk rm).
 Status CreateImageFile(const std::string& filename, const CreatePlan& plan);
+
+// Removes what CreateImageFile made, after a later step failed (convert's
+// copy): unlinks a file, removes a rados:// image's objects. Best effort:
+// the first error is what the caller reports.
+void RemoveCreatedImage(const std::string& filename);
 
 // Lays an empty image on the NBD export `uri`, so that what a copy skips
 // (zero extents) reads as zeros there, as on a new file:

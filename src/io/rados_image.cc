@@ -1,6 +1,8 @@
 // CreateRados, OpenRados, RemoveRados: the life of an image in a pool (see
 // io/rados_storage.h for the layout and the invariants kept here).
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <exception>
 
 #include "io/rados_aio.h"
@@ -16,8 +18,7 @@ struct Pool {
   std::string header_oid;
 };
 
-Result<Pool> Connect(const std::string& uri) {
-  auto name = ParseRadosName(uri);
+Result<Pool> Connect(Result<RadosName> name) {
   if (!name) return name.error();
   auto cluster = RadosCluster::Get(*name);
   if (!cluster) return cluster.error();
@@ -28,22 +29,28 @@ Result<Pool> Connect(const std::string& uri) {
               std::move(header_oid)};
 }
 
+// Reads header object `oid` of pool.io: ENOENT when it is gone.
+Result<std::vector<uint8_t>> ReadHeaderBytes(Pool& pool, const std::string& oid) {
+  librados::bufferlist bl;
+  // A header is 64 bytes; 4 KiB leaves room for later versions' fields.
+  const int ret = pool.io.read(oid, bl, 4096, 0);
+  if (ret < 0) return Status::FromErrno(-ret, pool.name.PoolUri() + ": read " + oid);
+  std::vector<uint8_t> bytes(bl.length());
+  if (!bytes.empty()) bl.begin().copy(bl.length(), reinterpret_cast<char*>(bytes.data()));
+  return bytes;
+}
+
 // The image's header, decoded; kNotFound when the header object is missing.
 Result<RadosHeader> ReadHeader(Pool& pool) {
   const std::string what = pool.name.ToString();
-  librados::bufferlist bl;
-  // A header is 64 bytes; 4 KiB leaves room for later versions' fields.
-  const int ret = pool.io.read(pool.header_oid, bl, 4096, 0);
-  if (ret == -ENOENT) {
+  auto bytes = ReadHeaderBytes(pool, pool.header_oid);
+  if (!bytes && bytes.error().error_number() == ENOENT) {
     return Status::NotFound(what + ": no such image (no header object " +
                                 pool.header_oid + " in pool '" + pool.name.pool + "')",
                             ENOENT);
   }
-  if (ret < 0)
-    return Status::FromErrno(-ret, what + ": read header object " + pool.header_oid);
-  std::vector<uint8_t> bytes(bl.length());
-  if (!bytes.empty()) bl.begin().copy(bl.length(), reinterpret_cast<char*>(bytes.data()));
-  return RadosHeader::Decode(bytes, what);
+  if (!bytes) return bytes.error();
+  return RadosHeader::Decode(*bytes, what);
 }
 
 // Writes a fresh header; fails with EEXIST when the image exists.
@@ -78,25 +85,33 @@ bool IsDataObjectOf(const std::string& oid, const std::string& image) {
   return true;
 }
 
-// Every data object of `image` in the pool, by listing it (the remove path
-// for images whose data limit spans too many indexes to try one by one).
-Result<std::vector<std::string>> ListDataObjects(Pool& pool) {
+// The names of the pool's objects that `keep` accepts, by listing it.
+template <typename Keep>
+Result<std::vector<std::string>> ListObjects(Pool& pool, Keep keep) {
   std::vector<std::string> found;
   try {  // librados' listing iterator reports errors by throwing
     for (auto it = pool.io.nobjects_begin(); it != pool.io.nobjects_end(); ++it) {
-      if (IsDataObjectOf(it->get_oid(), pool.name.image)) found.push_back(it->get_oid());
+      if (keep(it->get_oid())) found.push_back(it->get_oid());
     }
   } catch (const std::exception& e) {
-    return Status::Internal(pool.name.ToString() + ": list pool '" + pool.name.pool +
+    return Status::Internal(pool.name.PoolUri() + ": list pool '" + pool.name.pool +
                             "': " + e.what());
   }
   return found;
 }
 
+// Every data object of `image` in the pool (the remove path for images
+// whose data limit spans too many indexes to try one by one).
+Result<std::vector<std::string>> ListDataObjects(Pool& pool) {
+  return ListObjects(pool, [&](const std::string& oid) {
+    return IsDataObjectOf(oid, pool.name.image);
+  });
+}
+
 }  // namespace
 
 Status CreateRados(const std::string& name, uint64_t size, uint64_t object_size) {
-  auto pool = Connect(name);
+  auto pool = Connect(ParseRadosName(name));
   if (!pool) return pool.error();
   const std::string what = pool->name.ToString();
   auto order = RadosObjectOrder(object_size, what);
@@ -115,7 +130,7 @@ Status CreateRados(const std::string& name, uint64_t size, uint64_t object_size)
 Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
                                            const OpenOptions& options) {
   // 1. Connect and find the pool.
-  auto pool = Connect(name);
+  auto pool = Connect(ParseRadosName(name));
   if (!pool) return pool.error();
   // 2. The header (created first when asked to).
   auto header = ReadHeader(*pool);
@@ -127,13 +142,29 @@ Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
     return Status(Code::kBusy, pool->name.ToString() + ": image already exists", EEXIST);
   }
   if (!header) return header.error();
-  // 3. Here the next increment takes the image's exclusive lock (cls lock
-  //    on the header object, a watch, fencing a dead holder) for a
-  //    read-write open, before step 4 writes anything. options.lock names
-  //    the mode; it is not implemented yet.
+  // 3. A writer takes the image's lock before step 4 writes anything, and
+  //    reads the header again under it: the previous writer may have
+  //    flushed a new size between our read and its release.
+  std::unique_ptr<RadosLock> lock;
+  if (!options.read_only) {
+    std::optional<RadosLocker> fenced;
+    auto taken = RadosLock::Acquire(pool->cluster, pool->io, pool->name.ToString(),
+                                    pool->header_oid, &fenced);
+    if (!taken) return taken.error();
+    lock = std::move(*taken);
+    if (fenced) {
+      std::fprintf(stderr,
+                   "thindisk: %s: fenced %s (it held the lock with no watch: its process or "
+                   "host is gone) and broke its lock\n",
+                   pool->name.ToString().c_str(), fenced->ToString().c_str());
+    }
+    header = ReadHeader(*pool);
+    if (!header) return header.error();
+  }
   std::unique_ptr<RadosStorage> storage(new RadosStorage(std::move(pool->cluster),
                                                          std::move(pool->io), pool->name,
                                                          *header, options.read_only));
+  storage->lock_ = std::move(lock);
   // 4. Recovery: bytes between the durable size and the data limit may be
   //    stale (writes that landed before a crash, their size not flushed).
   //    Clear them before anything can grow the size over them.
@@ -147,13 +178,19 @@ Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
 }
 
 Status RemoveRados(const std::string& name) {
-  auto pool = Connect(name);
+  auto pool = Connect(ParseRadosName(name));
   if (!pool) return pool.error();
   // Refuses what is not a thindisk image (bad magic, newer version) before
   // touching anything.
   auto header = ReadHeader(*pool);
   if (!header) return header.error();
   const std::string what = pool->name.ToString();
+  // A writer's image is refused; a gone writer is fenced, so it cannot
+  // write objects back after they are removed. The lock goes with the
+  // header object.
+  std::optional<RadosLocker> fenced;
+  auto lock = RadosLock::Acquire(pool->cluster, pool->io, what, pool->header_oid, &fenced);
+  if (!lock) return lock.error();
   librados::IoCtx io;
   io.dup(pool->io);
   // A read-only storage: its helpers, and a destructor that writes nothing.
@@ -181,6 +218,29 @@ Status RemoveRados(const std::string& name) {
     return Status::FromErrno(-ret, what + ": remove header object " + pool->header_oid);
   }
   return Status::Ok();
+}
+
+Result<std::vector<RadosImageEntry>> ListRados(const std::string& pool_name) {
+  auto pool = Connect(ParseRadosPool(pool_name));
+  if (!pool) return pool.error();
+  constexpr std::string_view kSuffix = ".header";
+  auto headers = ListObjects(*pool, [&](const std::string& oid) {
+    return oid.size() > kSuffix.size() && oid.ends_with(kSuffix);
+  });
+  if (!headers) return headers.error();
+  std::vector<RadosImageEntry> images;
+  for (const std::string& oid : *headers) {
+    const std::string image = oid.substr(0, oid.size() - kSuffix.size());
+    auto bytes = ReadHeaderBytes(*pool, oid);
+    if (!bytes && bytes.error().error_number() == ENOENT) continue;  // removed meanwhile
+    if (!bytes) return bytes.error();
+    auto header = RadosHeader::Decode(*bytes, pool->name.PoolUri() + "/" + image);
+    if (!header) continue;  // some other program's object
+    images.push_back({image, header->size, uint64_t(1) << header->object_order});
+  }
+  std::sort(images.begin(), images.end(),
+            [](const RadosImageEntry& a, const RadosImageEntry& b) { return a.name < b.name; });
+  return images;
 }
 
 }  // namespace thindisk::io

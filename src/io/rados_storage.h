@@ -45,9 +45,12 @@
 // "data"); AllocatedBytes sums object sizes when the data limit spans at
 // most kMaxStatObjects objects, else reports 0 (unknown).
 //
-// Not yet: the exclusive lock on the header object (cls lock + watch) that
-// makes one writer per image across hosts. Its place is OpenRados's step 3,
-// where the read-write open will take it before recovery writes anything.
+// One writer per image across hosts: a read-write open takes the image's
+// exclusive lock (io/rados_lock.h) before recovery writes anything, and
+// holds it until the storage is destroyed; a second writer anywhere gets
+// kBusy naming the holder. A holder that is gone is fenced first; the open
+// says so on stderr ("thindisk: rados://p/i: fenced client.4123 ...").
+// Requests of a client that was fenced fail with "fenced (blocklisted)".
 //
 // Thread safety: all methods may be called concurrently (storage.h).
 // Lifetime: each storage holds its cluster connection (io/rados_cluster.h).
@@ -61,9 +64,11 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "io/rados_cluster.h"
 #include "io/rados_header.h"
+#include "io/rados_lock.h"
 #include "io/rados_name.h"
 #include "io/storage.h"
 
@@ -80,16 +85,34 @@ Status CreateRados(const std::string& name, uint64_t size,
 // Opens an existing image. options.read_only refuses writes; options.create
 // creates a missing image (size 0, 4 MiB objects) and with exclusive fails
 // if it exists. options.cache is ignored (every write is committed when it
-// returns). options.lock is not implemented yet (see above).
+// returns). options.lock is ignored: a read-write open always takes the
+// image's lock, a read-only one never (see above); kBusy when another
+// writer holds it.
 Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
                                            const OpenOptions& options);
 
 // Removes the image: its data objects, then its header (so an interrupted
-// remove leaves an image that can be removed again). Costs one remove per
+// remove leaves an image that can be removed again). Takes the image's lock
+// first, as a writer does: kBusy while another writer holds it. Costs one remove per
 // object index below the data limit when that is at most kMaxIndexRemove
 // objects, else one listing of the pool: it grows with what was written,
 // never with the virtual size. kNotFound when there is no such image.
 Status RemoveRados(const std::string& name);
+
+// One image found in a pool by ListRados.
+struct RadosImageEntry {
+  std::string name;  // the image's name in the pool (rados://POOL/name)
+  // The stored image file's byte size as its header says (durable at the
+  // last flush): a qcow2 image's file size, not its virtual size.
+  uint64_t size = 0;
+  uint64_t object_size = 0;
+};
+
+// The thindisk images in pool `pool` (rados://POOL[?conf=..&id=..]), by
+// name: one listing of the pool and one header read per image. Objects
+// named like headers that do not decode as thindisk's are not images and
+// are left out; an image removed during the listing is left out too.
+Result<std::vector<RadosImageEntry>> ListRados(const std::string& pool);
 
 class RadosStorage final : public Storage {
  public:
@@ -154,6 +177,8 @@ class RadosStorage final : public Storage {
   // connection it belongs to.
   const std::shared_ptr<RadosCluster> cluster_;
   librados::IoCtx io_;
+  // Read-write opens: held until after the destructor's last header write.
+  std::unique_ptr<RadosLock> lock_;
   const RadosName rname_;
   const std::string uri_;
   const std::string header_oid_;
