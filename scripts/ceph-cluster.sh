@@ -129,6 +129,15 @@ log file = $DIR/log/\$name.log
 pid file = $DIR/run/\$name.pid
 admin socket = $DIR/run/\$name.asok
 keyring = /dev/null
+# A writer that is gone loses its watch on an image (thindisk's lock, and
+# RBD's) after this many seconds; then the next writer fences it. 30 s by
+# default; short here so the lock tests wait seconds, not half minutes.
+osd client watch timeout = 5
+
+[client]
+# Clients are many short processes: no admin socket (one name for all
+# would collide, "File exists" on every second client's stderr).
+admin socket =
 
 [mon]
 mon data = $DIR/mon/\$name

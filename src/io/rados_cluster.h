@@ -43,6 +43,9 @@ class RadosCluster {
   // An I/O context on `name.pool`. kNotFound when the pool does not exist.
   Result<librados::IoCtx> OpenPool(const RadosName& name);
 
+  // The connection itself, for cluster-wide calls (the lock's blocklist).
+  librados::Rados& rados() { return rados_; }
+
  private:
   RadosCluster() = default;
 

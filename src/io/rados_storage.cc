@@ -91,6 +91,12 @@ std::string RadosStorage::ObjectName(uint64_t index) const {
 }
 
 Status RadosStorage::Error(int ret, const std::string& op) const {
+  if (ret == -ESHUTDOWN) {  // librados' EBLOCKLISTED
+    return Status::FromErrno(
+        ESHUTDOWN, uri_ + ": " + op +
+                       ": this client was fenced (blocklisted) after another took the "
+                       "image's lock; nothing more it writes lands");
+  }
   return Status::FromErrno(-ret, uri_ + ": " + op);
 }
 
