@@ -314,7 +314,7 @@ OutgoingReply Connection::Execute(const Request& r, std::span<const uint8_t> pay
   if (r.type == kCmdRead) return ExecuteRead(r);
   if (r.type == kCmdBlockStatus) return ExecuteBlockStatus(r);
   Status s = ExecuteSimple(r, payload);
-  return s.ok() ? OkReply(r) : ErrorReply(r, NbdErrorFromStatus(s), s.message());
+  return s.ok() ? OkReply(r) : DeviceErrorReply(r, s);
 }
 
 Status Connection::ExecuteSimple(const Request& r, std::span<const uint8_t> payload) {
@@ -356,7 +356,7 @@ OutgoingReply Connection::ExecuteRead(const Request& r) {
   if (!structured_ || (r.flags & kCmdFlagDf)) {
     PayloadBuffer data(r.length);
     Status s = dev.Read(r.offset, data.span());
-    if (!s.ok()) return ErrorReply(r, NbdErrorFromStatus(s), s.message());
+    if (!s.ok()) return DeviceErrorReply(r, s);
     if (structured_) {
       reply.AddHead(EncodeOffsetDataHeader(kReplyFlagDone, r.handle, r.offset, r.length));
     } else {
@@ -377,7 +377,7 @@ OutgoingReply Connection::ExecuteRead(const Request& r) {
   for (const Segment& seg : segments) {
     if (seg.hole) continue;
     Status s = dev.Read(seg.offset, data.span().subspan(seg.offset - r.offset, seg.length));
-    if (!s.ok()) return ErrorReply(r, NbdErrorFromStatus(s), s.message());
+    if (!s.ok()) return DeviceErrorReply(r, s);
   }
   for (size_t i = 0; i < segments.size(); ++i) {
     const Segment& seg = segments[i];
@@ -409,7 +409,7 @@ OutgoingReply Connection::ExecuteBlockStatus(const Request& r) {
       if (!e.has_value() || e->length == 0) {
         if (descriptors.empty()) {
           Status s = e.has_value() ? Status::Internal("empty extent") : e.error();
-          return ErrorReply(r, NbdErrorFromStatus(s), s.message());
+          return DeviceErrorReply(r, s);
         }
         break;  // answer the prefix we have
       }
@@ -447,6 +447,15 @@ OutgoingReply Connection::ErrorReply(const Request& r, uint32_t error,
     reply.AddHead(EncodeSimpleReply(r.handle, error));
   }
   return reply;
+}
+
+OutgoingReply Connection::DeviceErrorReply(const Request& r, const Status& s) {
+  if (!device_error_logged_.exchange(true, std::memory_order_relaxed)) {
+    Log("nbd: " + std::string(CommandName(r.type)) + " of " + std::to_string(r.length) +
+        " bytes at " + std::to_string(r.offset) + " failed: " + s.message() +
+        " (later failures on this connection go to the client only)");
+  }
+  return ErrorReply(r, NbdErrorFromStatus(s), s.message());
 }
 
 void Connection::Send(OutgoingReply reply, size_t cost) {

@@ -158,6 +158,11 @@ class Connection {
   OutgoingReply OkReply(const Request& r) const;
   OutgoingReply ErrorReply(const Request& r, uint32_t error,
                            std::string_view message) const;
+  // The reply to a request the device failed (not one the client got
+  // wrong): logs the first such failure of the connection, so the operator
+  // learns of a failing disk (EIO, ENOSPC, a fenced RADOS client) from the
+  // server too; later ones only go to the client.
+  OutgoingReply DeviceErrorReply(const Request& r, const Status& s);
 
   // Sending: directly when the socket is free, else through the writer.
   void Send(OutgoingReply reply, size_t cost);
@@ -190,6 +195,8 @@ class Connection {
   std::atomic<size_t> on_pool_{0};
   // The last timed write took longer than options_.slow_write.
   std::atomic<bool> writes_slow_{false};
+  // A device failure was logged (DeviceErrorReply).
+  std::atomic<bool> device_error_logged_{false};
 
   // The write mutex: guards the queue of replies waiting for the writer and
   // the right to write to out_fd_.
