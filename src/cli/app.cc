@@ -35,6 +35,9 @@ int RunThindisk(int argc, const char* const* argv) {
   commands.push_back(NewResizeCommand());
   commands.push_back(NewMeasureCommand());
   commands.push_back(NewCompactCommand());
+  commands.push_back(NewRmCommand());
+  commands.push_back(NewLsCommand());
+  commands.push_back(NewLockCommand());
   std::vector<CLI::App*> subs;
   for (auto& c : commands) subs.push_back(c->Register(app));
 

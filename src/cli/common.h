@@ -28,7 +28,7 @@ enum class Outcome {
   kImagesDiffer,         // compare: content or size differs
   kCheckFoundCorruption, // check: corruptions remain
   kCheckFoundLeaks,      // check: only leaks remain
-  kCommandFailed,        // io: a command failed or a pattern did not match
+  kCommandFailed,        // io: a command failed or a pattern did not match; rm: one failed
 };
 
 // Which exit code an error maps to: compare uses 2 (1 means "different").
@@ -111,6 +111,9 @@ std::unique_ptr<Subcommand> NewSnapshotCommand();
 std::unique_ptr<Subcommand> NewResizeCommand();
 std::unique_ptr<Subcommand> NewMeasureCommand();
 std::unique_ptr<Subcommand> NewCompactCommand();
+std::unique_ptr<Subcommand> NewRmCommand();
+std::unique_ptr<Subcommand> NewLsCommand();
+std::unique_ptr<Subcommand> NewLockCommand();
 
 // Builds the whole `thindisk` app and runs it on argv; returns the exit code.
 // Used by main() and by tests.
