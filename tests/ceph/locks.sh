@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# One writer per rados:// image across processes and hosts (issue 14, step
+# 4; io/rados_lock.h), judged from outside: `rados` shows the cls lock and
+# the watches, qemu-io (a client no one here wrote) writes through a served
+# image, and the bytes that land are read back out of the pool.
+#   1. a writer (thindisk serve) holds the lock; every other writer (io,
+#      resize, snapshot, convert onto it, rm) is refused naming the holder,
+#      and nothing changes; readers are allowed.
+#   2. lock ls shows the holder alive; lock break refuses it without --force.
+#   3. a holder that is paused (SIGSTOP: a hung host) loses its watch; the
+#      next writer fences it and takes the image; when the paused holder
+#      resumes, its writes fail and never land.
+#   4. a holder killed with SIGKILL: lock ls shows it gone, lock break
+#      fences it; a clean SIGTERM releases the lock at once.
+# The test cluster's watch timeout is 5 s (scripts/ceph-cluster.sh).
+source "$(dirname "$0")/../interop/lib.sh"
+
+require_thindisk
+require_tool "$QEMU_IMG" "$QEMU_IO" rados nbdinfo jq
+[[ ,${THINDISK_TEST_DENY:-}, != *,ceph,* ]] || skip_or_fail "ceph denied by THINDISK_TEST_DENY"
+[[ -n ${CEPH_CONF:-} && -r ${CEPH_CONF:-} ]] ||
+  skip_or_fail "no test cluster: CEPH_CONF='${CEPH_CONF:-}' (ctest -R rados starts one)"
+
+POOL=thindisk
+TAG=l$$
+IMG=rados://$POOL/$TAG-disk
+HEADER=$TAG-disk.header
+rados_() { timeout 60 rados -p "$POOL" "$@"; }
+
+# lockers: the JSON list `thindisk lock ls` prints.
+lockers() {
+  td lock ls --output=json "$IMG"
+  cat "$OUT"
+}
+
+# wait_watch_gone: the header has no watcher left (at most 60 s; the
+# timeout is 5 s, the OSD checks it every few seconds).
+wait_watch_gone() {
+  local i
+  for ((i = 0; i < 120; i++)); do
+    rados_ listwatchers "$HEADER" | grep -q watcher || return 0
+    sleep 0.5
+  done
+  fail "the watch of a stopped holder is still registered after 60 s"
+}
+
+# read_at OFFSET: the first byte at OFFSET of the image, read out of the
+# pool, in hex.
+read_at() {
+  td convert -O raw "$IMG" "$TMP/now.raw"
+  od -An -tx1 -j "$1" -N1 "$TMP/now.raw" | tr -d ' '
+}
+
+td create -q -f qcow2 "$IMG" 64M
+io_ok thindisk "$IMG" "write -P 0x11 0 64k"
+
+log "a writer holds the lock"
+sock=$TMP/a.sock
+serve_unix a "$sock" "$IMG"
+A=$SERVER_PID
+rados_ lock info "$HEADER" thindisk >"$TMP/lock.json"
+assert_eq 1 "$(jq '.lockers | length' "$TMP/lock.json")" "cls lockers while served"
+assert_eq exclusive "$(jq -r .type "$TMP/lock.json")" "the lock's type"
+rados_ listwatchers "$HEADER" | grep -q watcher || fail "the holder registered no watch"
+holder=$(jq -r '.lockers[0].name' "$TMP/lock.json")
+[[ $(lockers | jq -r '.[0].client') == "$holder" ]] || fail "lock ls names another holder"
+assert_eq true "$(lockers | jq '.[0].alive')" "the serving holder is alive"
+
+td_fails "in use by $holder" "a second writer (io)" io -c "write -P 0x22 0 4k" "$IMG"
+td_fails "in use by $holder" "resize while served" resize "$IMG" 128M
+td_fails "in use by $holder" "snapshot -c while served" snapshot -c s1 "$IMG"
+td_fails "in use by $holder" "rm while served" rm "$IMG"
+td create -q -f qcow2 -b "$IMG" -F qcow2 clone.qcow2
+io_ok thindisk clone.qcow2 "write -P 0x66 0 4k"
+td_fails "in use by $holder" "commit into a served base" commit clone.qcow2
+td info --output=json "$IMG"
+assert_eq 67108864 "$(jq '."virtual-size"' "$OUT")" "size after the refused resize"
+# Readers are allowed beside the writer.
+td io -r -c "read -P 0x11 0 64k" "$IMG"
+ok nbdinfo --size "nbd+unix:///?socket=$sock"
+
+log "a paused holder is fenced and its late writes fail"
+kill -STOP "$A"
+wait_watch_gone
+td io -c "write -P 0x33 0 64k" "$IMG"
+grep -q "fenced $holder" "$ERR" || fail "the new writer did not say it fenced $holder: $(cat "$ERR")"
+assert_eq "[]" "$(lockers | jq -c .)" "lockers after the new writer closed"
+kill -CONT "$A"
+# The resumed holder still serves; a write through it must fail and not land.
+capture timeout 60 "$QEMU_IO" -f raw -c "write -P 0x44 0 64k" "nbd+unix:///?socket=$sock"
+if ((RC == 0)) && ! grep -qiE 'error|failed' "$OUT" "$ERR"; then
+  fail "a fenced holder accepted a write: $(cat "$OUT" "$ERR")"
+fi
+assert_eq 33 "$(read_at 0)" "the first byte after the fenced holder's write"
+kill_server "$A" KILL
+grep -q "fenced (blocklisted)" a.err || fail "the fenced server did not log why it failed: $(cat a.err)"
+
+log "a killed holder: lock ls and lock break"
+serve_unix b "$TMP/b.sock" "$IMG"
+B=$SERVER_PID
+kill_server "$B" KILL
+wait_watch_gone
+assert_eq false "$(lockers | jq '.[0].alive')" "a killed holder is gone"
+td lock break "$IMG"
+grep -q "^Fenced client\." "$OUT" || fail "lock break printed: $(cat "$OUT")"
+assert_eq "[]" "$(lockers | jq -c .)" "lockers after lock break"
+td lock break "$IMG"
+grep -q "the lock is free" "$OUT" || fail "lock break of a free lock printed: $(cat "$OUT")"
+
+log "a live holder: break needs --force; SIGTERM releases"
+serve_unix c "$TMP/c.sock" "$IMG"
+C=$SERVER_PID
+td_fails "is alive.*--force" "lock break of a live holder" lock break "$IMG"
+stop_server "$C" c
+assert_eq "[]" "$(lockers | jq -c .)" "lockers after a clean stop"
+io_ok thindisk "$IMG" "write -P 0x55 64k 4k"
+td io -r -c "read -P 0x33 0 64k" -c "read -P 0x55 64k 4k" "$IMG"
+
+td_fails "not a rados:// image" "lock ls of a local file" lock ls local.qcow2
+td_fails "no such image" "lock ls of a missing image" lock ls "rados://$POOL/$TAG-none"
+td rm -q "$IMG"
+echo "PASS"
