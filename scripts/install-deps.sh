@@ -14,6 +14,8 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev libnbd-dev
   # librados: C API (librados-dev) and the C++ one io::RadosStorage uses (libradospp-dev)
   librados-dev libradospp-dev
+  # librbd: existing RBD images (rbd:POOL/IMAGE, io::RbdStorage)
+  librbd-dev
   # the tools our interop tests judge us by
   qemu-utils libnbd-bin fio nbdkit jq
   # the throwaway one-node Ceph cluster of the RADOS tests (scripts/ceph-cluster.sh):

@@ -18,8 +18,8 @@ std::map<std::pair<std::string, std::string>, std::weak_ptr<RadosCluster>>& Regi
 // librados' built-in client_mount_timeout, as conf_get prints it.
 constexpr const char* kLibradosMountTimeout = "300";
 
-std::string ConfShown(const RadosName& name) {
-  return name.conf.empty() ? std::string("$CEPH_CONF or /etc/ceph/ceph.conf") : name.conf;
+std::string ConfShown(const std::string& conf) {
+  return conf.empty() ? std::string("$CEPH_CONF or /etc/ceph/ceph.conf") : conf;
 }
 
 }  // namespace
@@ -30,21 +30,26 @@ RadosCluster::~RadosCluster() {
 }
 
 Result<std::shared_ptr<RadosCluster>> RadosCluster::Get(const RadosName& name) {
+  return Get(name.conf, name.id, name.ToString());
+}
+
+Result<std::shared_ptr<RadosCluster>> RadosCluster::Get(const std::string& conf,
+                                                        const std::string& id,
+                                                        const std::string& what) {
   std::lock_guard<std::mutex> lock(registry_mu);
-  auto key = std::make_pair(name.conf, name.id);
+  auto key = std::make_pair(conf, id);
   if (auto live = Registry()[key].lock()) return live;
 
-  const std::string what = name.ToString();
   std::string timeout_shown = std::to_string(kMountTimeoutSeconds);
   std::shared_ptr<RadosCluster> cluster(new RadosCluster);
   librados::Rados& r = cluster->rados_;
-  int ret = r.init(name.id.empty() ? nullptr : name.id.c_str());
+  int ret = r.init(id.empty() ? nullptr : id.c_str());
   if (ret < 0) return Status::FromErrno(-ret, what + ": librados init");
   // 1. The conf file: the one named, else librados' search ($CEPH_CONF,
   //    /etc/ceph/ceph.conf, ~/.ceph/config, ./ceph.conf).
-  ret = r.conf_read_file(name.conf.empty() ? nullptr : name.conf.c_str());
+  ret = r.conf_read_file(conf.empty() ? nullptr : conf.c_str());
   if (ret < 0) {
-    return Status::FromErrno(-ret, what + ": read ceph.conf (" + ConfShown(name) +
+    return Status::FromErrno(-ret, what + ": read ceph.conf (" + ConfShown(conf) +
                                        "; set CEPH_CONF or add ?conf=PATH)");
   }
   ret = r.conf_parse_env(nullptr);  // CEPH_ARGS
@@ -65,7 +70,7 @@ Result<std::shared_ptr<RadosCluster>> RadosCluster::Get(const RadosName& name) {
   ret = r.connect();
   if (ret < 0) {
     return Status::FromErrno(
-        -ret, what + ": connect to the cluster of " + ConfShown(name) +
+        -ret, what + ": connect to the cluster of " + ConfShown(conf) +
                   " (waited up to client_mount_timeout, " + timeout_shown + " s)");
   }
   Registry()[key] = cluster;
@@ -73,14 +78,17 @@ Result<std::shared_ptr<RadosCluster>> RadosCluster::Get(const RadosName& name) {
 }
 
 Result<librados::IoCtx> RadosCluster::OpenPool(const RadosName& name) {
+  return OpenPool(name.pool, name.ToString());
+}
+
+Result<librados::IoCtx> RadosCluster::OpenPool(const std::string& pool,
+                                               const std::string& what) {
   librados::IoCtx io;
-  const int ret = rados_.ioctx_create(name.pool.c_str(), io);
+  const int ret = rados_.ioctx_create(pool.c_str(), io);
   if (ret == -ENOENT) {
-    return Status::NotFound(name.ToString() + ": pool '" + name.pool + "' does not exist",
-                            ENOENT);
+    return Status::NotFound(what + ": pool '" + pool + "' does not exist", ENOENT);
   }
-  if (ret < 0)
-    return Status::FromErrno(-ret, name.ToString() + ": open pool '" + name.pool + "'");
+  if (ret < 0) return Status::FromErrno(-ret, what + ": open pool '" + pool + "'");
   return io;
 }
 

@@ -35,6 +35,11 @@ class RadosCluster {
   // The connection for `name`'s conf and id: an existing one, or a new one.
   // Errors name the image URI ("rados://p/i: connect (conf /x/ceph.conf): ...").
   static Result<std::shared_ptr<RadosCluster>> Get(const RadosName& name);
+  // The same for a connection named by its parts; `what` names the image in
+  // errors (an rbd: image, io/rbd_storage.h).
+  static Result<std::shared_ptr<RadosCluster>> Get(const std::string& conf,
+                                                   const std::string& id,
+                                                   const std::string& what);
 
   ~RadosCluster();
   RadosCluster(const RadosCluster&) = delete;
@@ -42,6 +47,7 @@ class RadosCluster {
 
   // An I/O context on `name.pool`. kNotFound when the pool does not exist.
   Result<librados::IoCtx> OpenPool(const RadosName& name);
+  Result<librados::IoCtx> OpenPool(const std::string& pool, const std::string& what);
 
   // The connection itself, for cluster-wide calls (the lock's blocklist).
   librados::Rados& rados() { return rados_; }
