@@ -10,6 +10,8 @@
 #include "block/read_only_image.h"
 #include "io/rados_name.h"
 #include "io/rados_storage.h"
+#include "io/rbd_name.h"
+#include "io/rbd_storage.h"
 #include "nbdclient/nbd_storage.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/format.h"
@@ -154,6 +156,9 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
                       uri                 ? OpenStorage(filename, io_options)
                       : options.open_file ? options.open_file(filename, io_options)
                                           : io::OpenFile(filename, io_options));
+  // An RBD image is a disk, not a file that holds one: raw unless the
+  // caller (or an overlay's backing format) says otherwise.
+  if (format.empty() && io::IsRbdName(filename)) format = "raw";
   if (format.empty()) {
     TD_ASSIGN_OR_RETURN(format, ProbeStorage(*storage));
   }
@@ -188,31 +193,54 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
   return std::unique_ptr<Device>(std::move(image));
 }
 
+// ResolveBackingName for an overlay in RADOS, `at` (see the header): the
+// same pool and cluster unless the backing name says otherwise.
+std::string ResolveFromRados(io::RadosName at, const std::string& backing) {
+  if (io::IsRbdName(backing)) {  // an RBD golden image under a RADOS clone
+    auto named = io::ParseRbdName(backing);
+    if (!named || !named->conf.empty() || !named->id.empty()) return backing;
+    auto escaped = [](const std::string& v) {
+      std::string e;
+      for (char c : v) {
+        if (c == ':' || c == '\\') e += '\\';
+        e += c;
+      }
+      return e;
+    };
+    std::string resolved = backing;
+    if (!at.conf.empty()) resolved += ":conf=" + escaped(at.conf);
+    if (!at.id.empty()) resolved += ":id=" + escaped(at.id);
+    return resolved;
+  }
+  if (io::IsRadosName(backing)) {
+    auto named = io::ParseRadosName(backing);
+    if (!named || !named->conf.empty() || !named->id.empty()) return backing;
+    named->conf = at.conf;
+    named->id = at.id;
+    return named->Uri();
+  }
+  if (IsUriName(backing)) return backing;  // an NBD export
+  at.image = backing;  // a relative name: an image in the same pool
+  return at.Uri();
+}
+
 }  // namespace
 
 bool IsUriName(const std::string& name) {
-  return nbdclient::IsNbdUri(name) || io::IsRadosName(name);
+  return nbdclient::IsNbdUri(name) || io::IsRadosName(name) || io::IsRbdName(name);
 }
 
 std::string ResolveBackingName(const std::string& overlay, const std::string& backing_name) {
   if (backing_name.empty() || backing_name.front() == '/') return backing_name;
-  if (io::IsRadosName(overlay) && !nbdclient::IsNbdUri(backing_name)) {
-    // In the overlay's pool and cluster (see the header). A name that does
-    // not parse is left as it is, for the open to report.
+  if (io::IsRadosName(overlay)) {
     auto at = io::ParseRadosName(overlay);
-    if (!at) return backing_name;
-    if (!io::IsRadosName(backing_name)) {
-      at->image = backing_name;
-      return at->Uri();
-    }
-    auto named = io::ParseRadosName(backing_name);
-    if (!named || !named->conf.empty() || !named->id.empty()) return backing_name;
-    named->conf = at->conf;
-    named->id = at->id;
-    return named->Uri();
+    // A name that does not parse is left as it is, for the open to report.
+    return at ? ResolveFromRados(std::move(*at), backing_name) : backing_name;
   }
   // A URI is never joined onto a directory, and an export has none.
-  if (IsUriName(backing_name) || nbdclient::IsNbdUri(overlay)) return backing_name;
+  if (IsUriName(backing_name) || nbdclient::IsNbdUri(overlay) || io::IsRbdName(overlay)) {
+    return backing_name;
+  }
   size_t slash = overlay.rfind('/');
   if (slash == std::string::npos) return backing_name;
   return overlay.substr(0, slash + 1) + backing_name;
@@ -231,6 +259,7 @@ Result<std::string> ProbeFormat(const std::string& filename) {
   io::OpenOptions io_options;
   io_options.read_only = true;
   TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, OpenStorage(filename, io_options));
+  if (io::IsRbdName(filename)) return std::string("raw");  // never probed: see OpenLayer
   return ProbeStorage(*storage);
 }
 
@@ -238,6 +267,7 @@ Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
                                                  const io::OpenOptions& options) {
   if (nbdclient::IsNbdUri(name)) return nbdclient::OpenNbd(name, options.read_only);
   if (io::IsRadosName(name)) return io::OpenRados(name, options);
+  if (io::IsRbdName(name)) return io::OpenRbd(name, options);
   auto file = io::OpenFile(name, options);
   if (!file.has_value() && file.error().error_number() == ENOENT) {
     return MissingImage(ENOENT, name);

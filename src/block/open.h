@@ -28,6 +28,11 @@
 // its overlay was found; a conf path stored in an image would tie it to one
 // host). Loops are found by the resolved name (conf, id, pool, image).
 //
+// And an rbd: name (io/rbd_name.h): an existing RBD image, opened as raw
+// unless a format is given (an RBD image is a disk, never probed), and a
+// fine backing file for a clone: under a rados:// overlay it inherits the
+// overlay's conf and id when it names neither.
+//
 // Thread safety: Open and ProbeFormat are reentrant; the returned Device
 // follows the block::Device contract.
 #pragma once
@@ -87,8 +92,8 @@ struct OpenOptions {
       open_file;
 };
 
-// True for an image name that is no host path: an NBD URI or a rados://
-// name. Such names are compared as strings, never stat'ed, unlinked or
+// True for an image name that is no host path: an NBD URI, a rados:// or
+// an rbd: name. Such names are compared as strings, never stat'ed, unlinked or
 // joined onto a directory.
 bool IsUriName(const std::string& name);
 
@@ -102,7 +107,8 @@ Result<std::unique_ptr<Device>> Open(const std::string& filename, const OpenOpti
 Result<std::string> ProbeFormat(const std::string& filename);
 
 // Opens the storage behind an image name: the NBD export for an NBD URI,
-// the objects of a rados:// image, else io::OpenFile. A missing name shaped like "scheme://..." is reported
+// the objects of a rados:// image, the RBD image of an rbd: name, else
+// io::OpenFile. A missing name shaped like "scheme://..." is reported
 // as an unknown protocol.
 Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
                                                  const io::OpenOptions& options);

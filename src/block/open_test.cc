@@ -87,6 +87,14 @@ TEST(ResolveBackingNameTest, RadosOverlaysResolveInTheirPoolAndCluster) {
   EXPECT_EQ(ResolveBackingName("dir/o.qcow2", "rados://p/base"), "rados://p/base");
   // A relative name that is no image name is left for the open to refuse.
   EXPECT_EQ(ResolveBackingName("rados://p/clone", "../b"), "rados://p/../b");
+  // An RBD base of a RADOS clone: the clone's cluster, unless it names one.
+  EXPECT_EQ(ResolveBackingName("rados://p/clone?conf=/a:b&id=vm", "rbd:q/gold"),
+            "rbd:q/gold:conf=/a\\:b:id=vm");
+  EXPECT_EQ(ResolveBackingName("rados://p/clone?conf=/c", "rbd:q/gold:id=x"), "rbd:q/gold:id=x");
+  EXPECT_EQ(ResolveBackingName("rados://p/clone", "rbd:q/gold"), "rbd:q/gold");
+  // An rbd: overlay's names are never joined onto its "directory".
+  EXPECT_EQ(ResolveBackingName("rbd:p/img:conf=/etc/ceph/c.conf", "base"), "base");
+  EXPECT_TRUE(IsUriName("rbd:p/i"));
   EXPECT_TRUE(IsUriName("rados://p/i"));
   EXPECT_TRUE(IsUriName("nbd+unix:///?socket=/s"));
   EXPECT_FALSE(IsUriName("radosfile"));

@@ -6,6 +6,7 @@
 #include "cli/common.h"
 #include "io/rados_name.h"
 #include "io/rados_storage.h"
+#include "io/rbd_name.h"
 #include "nbdclient/export_file.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/measure.h"
@@ -174,6 +175,11 @@ Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
                                    ": object_size is an option of rados:// images only");
   }
   if (io::IsRadosName(filename)) return CreateRadosImage(filename, plan);
+  if (io::IsRbdName(filename)) {
+    return Status::NotSupported(filename +
+                                ": thindisk does not create RBD images (use rbd create, or a "
+                                "rados:// image)");
+  }
   if (nbdclient::IsNbdUri(filename)) return CreateOnExport(filename, plan, nullptr);
   io::OpenOptions io_options;
   io_options.create = true;

@@ -15,6 +15,7 @@
 #include "cli/common.h"
 #include "io/rados_name.h"
 #include "io/rados_storage.h"
+#include "io/rbd_name.h"
 
 namespace thindisk::cli {
 namespace {
@@ -53,6 +54,9 @@ class RmCommand final : public Subcommand {
  private:
   static Status Remove(const std::string& image) {
     if (io::IsRadosName(image)) return io::RemoveRados(image);
+    if (io::IsRbdName(image)) {
+      return Status::InvalidArgument(image + ": an RBD image is removed with rbd rm");
+    }
     if (block::IsUriName(image)) {
       return Status::InvalidArgument(image + ": an NBD export is the server's to remove");
     }
