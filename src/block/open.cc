@@ -152,6 +152,7 @@ Result<std::unique_ptr<Device>> OpenLayer(const std::string& filename, std::stri
   io_options.read_only = read_only;
   io_options.cache = options.cache;
   io_options.lock = LockFor(options, read_only, chain.size() - 1);
+  io_options.takeover = options.takeover && chain.size() == 1;
   TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
                       uri                 ? OpenStorage(filename, io_options)
                       : options.open_file ? options.open_file(filename, io_options)

@@ -74,6 +74,9 @@ struct OpenOptions {
   bool caller_locks_top = false;
   bool lock_backing = true;
   io::CacheMode cache = io::CacheMode::kWriteback;
+  // A rados:// top image opened for writing: ask a live writer to hand it
+  // over (io::OpenOptions::takeover; serve --takeover).
+  bool takeover = false;
   // Do not open the backing file of the top image (info, check, rebase -u).
   bool no_backing = false;
   // Open this internal snapshot of the top image instead of its active

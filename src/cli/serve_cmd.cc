@@ -9,6 +9,7 @@
 // is serve_fork.h and -L is serve_list.h; docs/qemu-nbd.md maps every
 // qemu-nbd option to what this command does.
 #include <CLI/CLI.hpp>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -27,6 +28,7 @@
 #include "cli/serve_list.h"
 #include "cli/serve_open.h"
 #include "cli/serve_options.h"
+#include "io/rados_lock.h"
 #include "nbd/server.h"
 
 #ifndef THINDISK_VERSION
@@ -94,6 +96,9 @@ class ServeCommand final : public Subcommand {
     sub->add_flag("--fork", fork_,
                   "Serve in the background; return once listening (non-zero if it failed)");
     sub->add_flag("-r,--read-only", read_only_, "Export read-only");
+    sub->add_flag("--takeover", takeover_,
+                  "rados:// images: ask the server that writes the image to hand it over "
+                  "(it drains, flushes and exits) instead of failing (docs/rados.md)");
     sub->add_option("-e,--shared,--max-connections", max_connections_,
                     "Clients served at once; others wait (default 64, which bounds memory; "
                     "qemu-nbd's default is 1; 0: no limit)");
@@ -273,6 +278,7 @@ class ServeCommand final : public Subcommand {
     block::OpenOptions& open = s.open;
     open.format = format_;
     open.read_only = read_only_;
+    open.takeover = takeover_;
     if (image_opts_ && !format_.empty())
       return Status::InvalidArgument("--image-opts and -f/--format are mutually exclusive");
     CacheChoice cache;
@@ -398,12 +404,37 @@ class ServeCommand final : public Subcommand {
       }
       if (!quiet_ && !stdio_) PrintUris(server, so, names);  // stdout is NBD with --stdio
       if (report) report->Ready();
+      if (so.handle_signals) AcceptHandOvers(names.size());
     };
     Status served = nbd::RunServer(so, std::move(exports));
+    io::SetRadosReleaseHandler(nullptr);
     if (wrote_pid) ::unlink(pid_file_.c_str());
     TD_RETURN_IF_ERROR(pid_status);
     TD_RETURN_IF_ERROR(served);
     return Outcome::kSuccess;
+  }
+
+  // Another `serve --takeover` asks for one of our rados:// images: with one
+  // export, we let go as on SIGTERM (drain, flush, mark clean, release; the
+  // clients' connections close); with more, the others would go too, so we
+  // refuse. It runs on a librados thread, and may run while the server is
+  // being torn down, so it only raises SIGTERM at ourselves, which the
+  // server's own handler turns into a graceful stop.
+  void AcceptHandOvers(size_t exports) const {
+    const bool quiet = quiet_;
+    io::SetRadosReleaseHandler([exports, quiet](const std::string& uri) {
+      if (exports != 1) {
+        if (!quiet) {
+          PrintWarning(uri + ": refused to hand the image over: this server has other exports");
+        }
+        return false;
+      }
+      if (!quiet) {
+        PrintWarning(uri + ": handing the image over to another server: draining and exiting");
+      }
+      ::kill(::getpid(), SIGTERM);
+      return true;
+    });
   }
 
   void PrintUris(nbd::Server& server, const nbd::ServeOptions& so,
@@ -435,6 +466,7 @@ class ServeCommand final : public Subcommand {
   std::string pid_file_;
   bool fork_ = false;
   bool read_only_ = false;
+  bool takeover_ = false;
   size_t max_connections_ = 64;  // docs/serve-limits.md: the memory bound
   double handshake_timeout_ = 10;  // seconds (--handshake-timeout)
   bool persistent_ = false;      // the default anyway

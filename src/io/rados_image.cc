@@ -149,7 +149,7 @@ Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
   if (!options.read_only) {
     std::optional<RadosLocker> fenced;
     auto taken = RadosLock::Acquire(pool->cluster, pool->io, pool->name.ToString(),
-                                    pool->header_oid, &fenced);
+                                    pool->header_oid, &fenced, options.takeover);
     if (!taken) return taken.error();
     lock = std::move(*taken);
     if (fenced) {

@@ -63,6 +63,49 @@ Result<std::vector<RadosLocker>> Lockers(librados::IoCtx& io, const std::string&
   return out;
 }
 
+// The payloads of a hand-over (Acquire with takeover).
+constexpr std::string_view kReleaseRequest = "thindisk release-request 1";
+constexpr std::string_view kReleaseAccepted = "accepted";
+
+std::mutex handler_mu;
+RadosReleaseHandler& Handler() {
+  static auto* handler = new RadosReleaseHandler;
+  return *handler;
+}
+
+std::string Text(librados::bufferlist& bl) {
+  std::string s;
+  if (bl.length() > 0) bl.begin().copy(bl.length(), s);
+  return s;
+}
+
+// Asks `holder` to release the lock: a notify on the header that its watch
+// answers (RadosLock::Watcher). OK when it accepted.
+Status AskToRelease(librados::IoCtx& io, const std::string& uri, const std::string& oid,
+                    const RadosLocker& holder) {
+  librados::bufferlist request, reply;
+  request.append(kReleaseRequest.data(), kReleaseRequest.size());
+  const int ret = io.notify2(oid, request, 10000, &reply);
+  if (ret < 0 && ret != -ETIMEDOUT) {
+    return Status::FromErrno(-ret, uri + ": ask " + holder.ToString() + " to hand over");
+  }
+  std::vector<librados::notify_ack_t> acks;
+  std::vector<librados::notify_timeout_t> timeouts;
+  io.decode_notify_response(reply, &acks, &timeouts);
+  for (librados::notify_ack_t& ack : acks) {
+    if (int64_t(ack.notifier_id) != ClientGid(holder.client)) continue;
+    if (Text(ack.payload_bl) == kReleaseAccepted) return Status::Ok();
+    return Status(Code::kBusy,
+                  uri + ": " + holder.ToString() +
+                      " refused to hand the image over (only a thindisk serve whose one "
+                      "export is this image can)",
+                  EBUSY);
+  }
+  return Status(Code::kBusy,
+                uri + ": " + holder.ToString() + " did not answer the hand-over request",
+                EBUSY);
+}
+
 Status BusyError(const std::string& uri, const RadosLocker& holder) {
   return Status(Code::kBusy,
                 uri + ": in use by " + holder.ToString() +
@@ -100,9 +143,19 @@ std::string RadosLocker::ToString() const {
 class RadosLock::Watcher final : public librados::WatchCtx2 {
  public:
   explicit Watcher(RadosLock* lock) : lock_(lock) {}
-  void handle_notify(uint64_t notify_id, uint64_t cookie, uint64_t,
-                     librados::bufferlist&) override {
+  void handle_notify(uint64_t notify_id, uint64_t cookie, uint64_t notifier_id,
+                     librados::bufferlist& bl) override {
     librados::bufferlist reply;
+    // A release request from another client (our own acquire's request
+    // reaches our own watch too: not for us).
+    if (Text(bl) == kReleaseRequest && notifier_id != lock_->cluster_->rados().get_instance_id()) {
+      bool accepted = false;
+      {
+        std::lock_guard<std::mutex> guard(handler_mu);
+        if (Handler()) accepted = Handler()(lock_->uri_);
+      }
+      if (accepted) reply.append(kReleaseAccepted.data(), kReleaseAccepted.size());
+    }
     lock_->io_.notify_ack(lock_->header_oid_, notify_id, cookie, reply);
   }
   void handle_error(uint64_t, int) override {
@@ -140,11 +193,17 @@ Status RadosLock::Watch() {
   return Status::Ok();
 }
 
+void SetRadosReleaseHandler(RadosReleaseHandler handler) {
+  std::lock_guard<std::mutex> guard(handler_mu);
+  Handler() = std::move(handler);
+}
+
 Result<std::unique_ptr<RadosLock>> RadosLock::Acquire(std::shared_ptr<RadosCluster> cluster,
                                                       const librados::IoCtx& io,
                                                       const std::string& uri,
                                                       const std::string& header_oid,
-                                                      std::optional<RadosLocker>* fenced) {
+                                                      std::optional<RadosLocker>* fenced,
+                                                      bool takeover) {
   std::unique_ptr<RadosLock> lock(new RadosLock(std::move(cluster), io, uri, header_oid));
   // 1. The watch first: whoever sees our lock also sees us alive.
   TD_RETURN_IF_ERROR(lock->Watch());
@@ -153,8 +212,12 @@ Result<std::unique_ptr<RadosLock>> RadosLock::Acquire(std::shared_ptr<RadosClust
     lock->handle_ = 0;
     return s;
   };
-  // 2. The lock, fencing a gone holder first.
-  for (int attempt = 0;; ++attempt) {
+  // 2. The lock: fencing a gone holder first, or (takeover) waiting for a
+  //    live one to hand over.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(kTakeoverWaitSeconds);
+  bool asked = false;
+  for (int attempt = 0;;) {
     const int ret = lock->io_.lock_exclusive(header_oid, kRadosLockName, lock->cookie_,
                                              "thindisk", nullptr, 0);
     if (ret == 0) break;
@@ -164,14 +227,31 @@ Result<std::unique_ptr<RadosLock>> RadosLock::Acquire(std::shared_ptr<RadosClust
     auto holders = Lockers(lock->io_, uri, header_oid);
     if (!holders) return fail(holders.error());
     if (holders->empty()) {
-      if (attempt + 1 < kAcquireAttempts) continue;  // released meanwhile: try again
+      if (++attempt < kAcquireAttempts) continue;  // released meanwhile: try again
       return fail(Status(Code::kBusy, uri + ": the lock keeps changing hands", EBUSY));
     }
     const RadosLocker& holder = holders->front();
-    if (holder.watching || attempt + 1 >= kAcquireAttempts) return fail(BusyError(uri, holder));
-    Status fenced_ok = Fence(*lock->cluster_, lock->io_, uri, header_oid, holder);
-    if (!fenced_ok.ok()) return fail(fenced_ok);
-    if (fenced) *fenced = holder;
+    if (!holder.watching) {
+      if (++attempt >= kAcquireAttempts) return fail(BusyError(uri, holder));
+      Status fenced_ok = Fence(*lock->cluster_, lock->io_, uri, header_oid, holder);
+      if (!fenced_ok.ok()) return fail(fenced_ok);
+      if (fenced) *fenced = holder;
+      continue;
+    }
+    if (!takeover) return fail(BusyError(uri, holder));
+    if (!asked) {
+      Status accepted = AskToRelease(lock->io_, uri, header_oid, holder);
+      if (!accepted.ok()) return fail(accepted);
+      asked = true;
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return fail(Status(Code::kBusy,
+                         uri + ": " + holder.ToString() + " accepted to hand over but still " +
+                             "holds the image after " + std::to_string(kTakeoverWaitSeconds) +
+                             " s",
+                         EBUSY));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   // 3. Keep the watch registered for as long as the lock is held.
   lock->rewatch_ = std::thread([raw = lock.get()] { raw->RewatchLoop(); });

@@ -20,6 +20,14 @@
 //    so a holder that was only paused cannot land late writes), and only
 //    then is its lock broken and ours taken. `fenced` says who it was.
 //
+// Hand-over (takeover = true, serve --takeover: the live-migration step):
+// instead of kBusy for a live holder, notify it on the header object with a
+// release request. A process that can let go (a thindisk serve whose only
+// export is this image: SetRadosReleaseHandler) answers yes, drains,
+// flushes, marks the image clean, releases the lock and drops its clients;
+// Acquire waits for the release (at most kTakeoverWaitSeconds) and takes
+// the lock. A holder that answers no, or not at all, leaves kBusy saying so.
+//
 // Read-only opens take no lock: a reader never changes an image, and
 // readers beside a writer see what the writer has written (RBD's rule too).
 //
@@ -35,6 +43,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -61,8 +70,17 @@ struct RadosLocker {
   std::string ToString() const;
 };
 
+// What a process does when another asks for one of its images
+// (`uri`, "rados://POOL/IMAGE"): true when it will release it soon (it must
+// not block: it runs on a librados thread), false to refuse. One handler
+// per process; nullptr (the default) refuses every request.
+using RadosReleaseHandler = std::function<bool(const std::string& uri)>;
+void SetRadosReleaseHandler(RadosReleaseHandler handler);
+
 class RadosLock {
  public:
+  static constexpr int kTakeoverWaitSeconds = 60;
+
   // Takes the lock of the image whose header object is `header_oid` in
   // `io`'s pool (`uri` names it in messages), fencing a gone holder as
   // above; `fenced` (may be null) gets the holder that was fenced, if any.
@@ -70,7 +88,8 @@ class RadosLock {
                                                     const librados::IoCtx& io,
                                                     const std::string& uri,
                                                     const std::string& header_oid,
-                                                    std::optional<RadosLocker>* fenced = nullptr);
+                                                    std::optional<RadosLocker>* fenced = nullptr,
+                                                    bool takeover = false);
   // Releases the lock, then the watch.
   ~RadosLock();
   RadosLock(const RadosLock&) = delete;

@@ -71,6 +71,16 @@ Status RbdStorage::CheckWritable() const {
   return Status::Ok();
 }
 
+Status RbdStorage::GrowTo(uint64_t end) {
+  if (end <= size_.load()) return Status::Ok();
+  std::lock_guard<std::mutex> lock(resize_mu_);
+  if (end <= size_.load()) return Status::Ok();
+  const int ret = image_.resize(end);
+  if (ret < 0) return Error(ret, "grow to " + std::to_string(end));
+  size_.store(end);
+  return Status::Ok();
+}
+
 Status RbdStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
   const uint64_t size = size_.load();
   const uint64_t inside = offset >= size ? 0 : std::min<uint64_t>(buf.size(), size - offset);
@@ -90,15 +100,7 @@ Status RbdStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
 Status RbdStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
   TD_RETURN_IF_ERROR(CheckWritable());
   if (buf.empty()) return Status::Ok();
-  const uint64_t end = offset + buf.size();
-  if (end > size_.load()) {
-    std::lock_guard<std::mutex> lock(resize_mu_);
-    if (end > size_.load()) {
-      const int ret = image_.resize(end);
-      if (ret < 0) return Error(ret, "grow to " + std::to_string(end));
-      size_.store(end);
-    }
-  }
+  TD_RETURN_IF_ERROR(GrowTo(offset + buf.size()));
   librados::bufferlist bl;
   bl.append(reinterpret_cast<const char*>(buf.data()), unsigned(buf.size()));
   const ssize_t n = image_.write(offset, buf.size(), bl);
@@ -137,15 +139,7 @@ Status RbdStorage::PunchHole(uint64_t offset, uint64_t length) {
 Status RbdStorage::ZeroRange(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(CheckWritable());
   if (length == 0) return Status::Ok();
-  const uint64_t end = offset + length;
-  if (end > size_.load()) {  // as a file: zeroing past the end extends it
-    std::lock_guard<std::mutex> lock(resize_mu_);
-    if (end > size_.load()) {
-      const int ret = image_.resize(end);
-      if (ret < 0) return Error(ret, "grow to " + std::to_string(end));
-      size_.store(end);
-    }
-  }
+  TD_RETURN_IF_ERROR(GrowTo(offset + length));  // as a file: zeroing past the end extends it
   const ssize_t n = image_.write_zeroes(offset, length, 0, 0);
   if (n < 0) return Error(int(n), "write zeroes at " + std::to_string(offset));
   bytes_written_ += length;

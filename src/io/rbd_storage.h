@@ -77,6 +77,8 @@ class RbdStorage final : public Storage {
              bool read_only);
   Status Error(int ret, const std::string& op) const;
   Status CheckWritable() const;
+  // Grows the image to `end` bytes if it is smaller (writes past the end).
+  Status GrowTo(uint64_t end);
   // The first extent at or after `offset` whose "exists" is `want`, by the
   // whole-object diff; `size_` when there is none in reach.
   Result<uint64_t> Next(uint64_t offset, bool want);

@@ -121,6 +121,10 @@ struct OpenOptions {
   // files and callers that lock the image themselves. A filesystem without
   // OFD locks opens unlocked, as qemu's locking=auto does.
   QemuLockMode lock = QemuLockMode::kNone;
+  // rados:// images opened for writing: ask a live writer to hand the image
+  // over instead of failing (serve --takeover; io/rados_lock.h). Files
+  // ignore it.
+  bool takeover = false;
 };
 
 // Opens a host file. Errors name the path ("disk.qcow2: No such file ...").

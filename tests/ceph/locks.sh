@@ -12,6 +12,9 @@
 #      resumes, its writes fail and never land.
 #   4. a holder killed with SIGKILL: lock ls shows it gone, lock break
 #      fences it; a clean SIGTERM releases the lock at once.
+#   5. serve --takeover: the serving holder drains, flushes and exits 0, the
+#      new server serves what the old one wrote; a holder with other
+#      exports refuses, and keeps serving.
 # The test cluster's watch timeout is 5 s (scripts/ceph-cluster.sh).
 source "$(dirname "$0")/../interop/lib.sh"
 
@@ -115,6 +118,40 @@ stop_server "$C" c
 assert_eq "[]" "$(lockers | jq -c .)" "lockers after a clean stop"
 io_ok thindisk "$IMG" "write -P 0x55 64k 4k"
 td io -r -c "read -P 0x33 0 64k" -c "read -P 0x55 64k 4k" "$IMG"
+
+log "takeover: a live server hands the image over"
+serve_unix d "$TMP/d.sock" "$IMG"
+D=$SERVER_PID
+io_ok qemu-io-raw "nbd+unix:///?socket=$TMP/d.sock" "write -P 0x77 128k 64k"
+old_holder=$(lockers | jq -r '.[0].client')
+serve_unix e "$TMP/e.sock" --takeover "$IMG"
+E=$SERVER_PID
+# The old server let go as on SIGTERM: drained, flushed, exited 0.
+for ((i = 0; i < 600; i++)); do
+  kill -0 "$D" 2>/dev/null || break
+  sleep 0.05
+done
+kill -0 "$D" 2>/dev/null && fail "the old server still runs after handing over"
+rc=0
+wait "$D" || rc=$?
+forget_server "$D"
+assert_eq 0 "$rc" "exit status of the server that handed over"
+grep -q "handing the image over" d.err || fail "the old server did not say it handed over: $(cat d.err)"
+new_holder=$(lockers | jq -r '.[0].client')
+[[ $new_holder != "$old_holder" ]] || fail "the lock is still $old_holder's after the takeover"
+io_ok qemu-io-raw "nbd+unix:///?socket=$TMP/e.sock" "read -P 0x77 128k 64k" "write -P 0x78 192k 4k"
+stop_server "$E" e
+td io -r -c "read -P 0x77 128k 64k" -c "read -P 0x78 192k 4k" "$IMG"
+
+log "takeover refused by a server with other exports"
+ok "$QEMU_IMG" create -f qcow2 -q other.qcow2 1M
+serve_unix f "$TMP/f.sock" --export a="$IMG" --export b=other.qcow2
+F=$SERVER_PID
+td_fails "refused to hand the image over" "takeover from a server with two exports" \
+  serve -k "$TMP/g.sock" --takeover "$IMG"
+grep -q "refused to hand the image over" f.err || fail "the holder did not log its refusal: $(cat f.err)"
+ok nbdinfo --size "nbd+unix:///a?socket=$TMP/f.sock"  # still serving
+stop_server "$F" f
 
 td_fails "not a rados:// image" "lock ls of a local file" lock ls local.qcow2
 td_fails "no such image" "lock ls of a missing image" lock ls "rados://$POOL/$TAG-none"
