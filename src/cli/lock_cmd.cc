@@ -4,10 +4,9 @@
 // (OSD blocklist) before it breaks the lock, so a holder that comes back
 // cannot write. A live holder is broken only with --force.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -48,7 +47,8 @@ void PrintLockers(const std::vector<io::RadosLocker>& lockers, bool json) {
 class LockCommand final : public Subcommand {
  public:
   CLI::App* Register(CLI::App& app) override {
-    CLI::App* sub = app.add_subcommand("lock", "Show or break the writer lock of a rados:// image");
+    CLI::App* sub =
+        app.add_subcommand("lock", "Show or break the writer lock of a rados:// image");
     sub->footer(kLockHelp);
     sub->require_subcommand(1);
     ls_ = sub->add_subcommand("ls", "Show who holds the lock (nothing: free)");
@@ -56,7 +56,8 @@ class LockCommand final : public Subcommand {
         ->check(CLI::IsMember({"human", "json"}));
     ls_->add_option("image", image_, "rados://POOL/IMAGE")->required();
     break_ = sub->add_subcommand("break", "Fence the holder, then break its lock");
-    break_->add_flag("--force", force_, "Also fence a holder that is alive (its writes then fail)");
+    break_->add_flag("--force", force_,
+                     "Also fence a holder that is alive (its writes then fail)");
     break_->add_flag("-q,--quiet", quiet_, "Print nothing on success");
     break_->add_option("image", image_, "rados://POOL/IMAGE")->required();
     return sub;
@@ -64,16 +65,19 @@ class LockCommand final : public Subcommand {
 
   Result<Outcome> Run() override {
     if (!io::IsRadosName(image_)) {
-      return Status::InvalidArgument(image_ +
-                                     ": not a rados:// image (local images use qemu's file "
-                                     "locks: see `thindisk info` and lslocks)");
+      return Status::InvalidArgument(
+          image_ +
+          ": not a rados:// image (local images use qemu's file "
+          "locks: see `thindisk info` and lslocks)");
     }
     if (ls_->parsed()) {
-      TD_ASSIGN_OR_RETURN(std::vector<io::RadosLocker> lockers, io::ListRadosLockers(image_));
+      TD_ASSIGN_OR_RETURN(std::vector<io::RadosLocker> lockers,
+                          io::ListRadosLockers(image_));
       PrintLockers(lockers, output_ == "json");
       return Outcome::kSuccess;
     }
-    TD_ASSIGN_OR_RETURN(std::vector<io::RadosLocker> broken, io::BreakRadosLock(image_, force_));
+    TD_ASSIGN_OR_RETURN(std::vector<io::RadosLocker> broken,
+                        io::BreakRadosLock(image_, force_));
     if (!quiet_) {
       if (broken.empty()) std::printf("%s: the lock is free\n", image_.c_str());
       for (const io::RadosLocker& l : broken) {

@@ -2,12 +2,11 @@
 // format, stored bytes, object size and backing file (rbd ls -l's place for
 // thindisk images).
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -57,7 +56,8 @@ class LsCommand final : public Subcommand {
       name.image = e.name;
       auto summary = ReadImageSummary(name.Uri(), "");
       if (!summary) PrintWarning(summary.error().message());
-      rows.push_back({std::move(e), summary ? std::optional(std::move(*summary)) : std::nullopt});
+      rows.push_back(
+          {std::move(e), summary ? std::optional(std::move(*summary)) : std::nullopt});
     }
     if (output_ == "json") {
       PrintJson(rows);
@@ -90,13 +90,15 @@ class LsCommand final : public Subcommand {
   static void PrintHuman(const std::vector<Row>& rows) {
     if (rows.empty()) return;
     int width = 4;  // "NAME"
-    for (const Row& r : rows) width = std::max(width, static_cast<int>(r.entry.name.size()));
-    std::printf("%-*s  %10s  %-6s  %10s  %-11s  %s\n", width, "NAME", "SIZE", "FORMAT", "STORED",
-                "OBJECT SIZE", "BACKING");
+    for (const Row& r : rows)
+      width = std::max(width, static_cast<int>(r.entry.name.size()));
+    std::printf("%-*s  %10s  %-6s  %10s  %-11s  %s\n", width, "NAME", "SIZE", "FORMAT",
+                "STORED", "OBJECT SIZE", "BACKING");
     for (const Row& r : rows) {
       const ImageSummary* s = r.summary ? &*r.summary : nullptr;
       std::printf("%-*s  %10s  %-6s  %10s  %-11s  %s\n", width, r.entry.name.c_str(),
-                  s ? HumanSize(s->virtual_size).c_str() : "?", s ? s->format.c_str() : "?",
+                  s ? HumanSize(s->virtual_size).c_str() : "?",
+                  s ? s->format.c_str() : "?",
                   s ? HumanSize(s->actual_size).c_str() : "?",
                   HumanSize(r.entry.object_size).c_str(),
                   s && !s->backing_filename.empty() ? s->backing_filename.c_str() : "-");

@@ -3,9 +3,9 @@
 // with the virtual size); a local file is unlinked, but only while no other
 // process has it open as an image (qemu's image lock, as every writer
 // takes), so a running VM's disk is refused rather than pulled away.
-#include <CLI/CLI.hpp>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cerrno>
 #include <cstdio>
 #include <string>
@@ -30,7 +30,8 @@ constexpr const char* kRmHelp =
 class RmCommand final : public Subcommand {
  public:
   CLI::App* Register(CLI::App& app) override {
-    CLI::App* sub = app.add_subcommand("rm", "Remove images (local files or rados:// images)");
+    CLI::App* sub =
+        app.add_subcommand("rm", "Remove images (local files or rados:// images)");
     sub->footer(kRmHelp);
     sub->add_flag("-q,--quiet", quiet_, "Print nothing on success");
     sub->add_option("images", images_, "Images to remove")->required();

@@ -20,7 +20,8 @@ constexpr int kAcquireAttempts = 3;
 
 std::string NewCookie() {
   char host[256] = "unknown";
-  if (::gethostname(host, sizeof host - 1) != 0) std::snprintf(host, sizeof host, "unknown");
+  if (::gethostname(host, sizeof host - 1) != 0)
+    std::snprintf(host, sizeof host, "unknown");
   std::random_device rd;
   const uint64_t r = (uint64_t(rd()) << 32) ^ rd();
   char buf[400];
@@ -124,7 +125,8 @@ Status Fence(RadosCluster& cluster, librados::IoCtx& io, const std::string& uri,
     return Status::FromErrno(-ret, uri + ": fence (blocklist) " + holder.ToString());
   }
   ret = rados.wait_for_latest_osdmap();
-  if (ret < 0) return Status::FromErrno(-ret, uri + ": wait for the OSD map after fencing");
+  if (ret < 0)
+    return Status::FromErrno(-ret, uri + ": wait for the OSD map after fencing");
   ret = io.break_lock(oid, kRadosLockName, holder.client, holder.cookie);
   if (ret < 0 && ret != -ENOENT) {
     return Status::FromErrno(-ret, uri + ": break the lock of " + holder.ToString());
@@ -148,7 +150,8 @@ class RadosLock::Watcher final : public librados::WatchCtx2 {
     librados::bufferlist reply;
     // A release request from another client (our own acquire's request
     // reaches our own watch too: not for us).
-    if (Text(bl) == kReleaseRequest && notifier_id != lock_->cluster_->rados().get_instance_id()) {
+    if (Text(bl) == kReleaseRequest &&
+        notifier_id != lock_->cluster_->rados().get_instance_id()) {
       bool accepted = false;
       {
         std::lock_guard<std::mutex> guard(handler_mu);
@@ -198,12 +201,10 @@ void SetRadosReleaseHandler(RadosReleaseHandler handler) {
   Handler() = std::move(handler);
 }
 
-Result<std::unique_ptr<RadosLock>> RadosLock::Acquire(std::shared_ptr<RadosCluster> cluster,
-                                                      const librados::IoCtx& io,
-                                                      const std::string& uri,
-                                                      const std::string& header_oid,
-                                                      std::optional<RadosLocker>* fenced,
-                                                      bool takeover) {
+Result<std::unique_ptr<RadosLock>> RadosLock::Acquire(
+    std::shared_ptr<RadosCluster> cluster, const librados::IoCtx& io,
+    const std::string& uri, const std::string& header_oid,
+    std::optional<RadosLocker>* fenced, bool takeover) {
   std::unique_ptr<RadosLock> lock(new RadosLock(std::move(cluster), io, uri, header_oid));
   // 1. The watch first: whoever sees our lock also sees us alive.
   TD_RETURN_IF_ERROR(lock->Watch());
@@ -245,11 +246,11 @@ Result<std::unique_ptr<RadosLock>> RadosLock::Acquire(std::shared_ptr<RadosClust
       asked = true;
     }
     if (std::chrono::steady_clock::now() > deadline) {
-      return fail(Status(Code::kBusy,
-                         uri + ": " + holder.ToString() + " accepted to hand over but still " +
-                             "holds the image after " + std::to_string(kTakeoverWaitSeconds) +
-                             " s",
-                         EBUSY));
+      return fail(Status(
+          Code::kBusy,
+          uri + ": " + holder.ToString() + " accepted to hand over but still " +
+              "holds the image after " + std::to_string(kTakeoverWaitSeconds) + " s",
+          EBUSY));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
@@ -309,7 +310,8 @@ Result<std::vector<RadosLocker>> ListRadosLockers(const std::string& name) {
   uint64_t size = 0;
   time_t mtime = 0;
   const int ret = io.stat(oid, &size, &mtime);
-  if (ret == -ENOENT) return Status::NotFound(parsed.ToString() + ": no such image", ENOENT);
+  if (ret == -ENOENT)
+    return Status::NotFound(parsed.ToString() + ": no such image", ENOENT);
   if (ret < 0) return Status::FromErrno(-ret, parsed.ToString() + ": stat " + oid);
   return Lockers(io, parsed.ToString(), oid);
 }

@@ -61,10 +61,10 @@ inline constexpr const char* kRadosLockName = "thindisk";
 
 // One holder of an image's lock.
 struct RadosLocker {
-  std::string client;       // "client.4123"
-  std::string cookie;       // the holder's open: "pid 77 on host vm1 (<16 hex>)"
-  std::string address;      // "127.0.0.1:0/2718281828" (what is blocklisted)
-  bool watching = false;    // its client has a watch on the header: alive
+  std::string client;     // "client.4123"
+  std::string cookie;     // the holder's open: "pid 77 on host vm1 (<16 hex>)"
+  std::string address;    // "127.0.0.1:0/2718281828" (what is blocklisted)
+  bool watching = false;  // its client has a watch on the header: alive
 
   // "client.4123 at ADDRESS (COOKIE)".
   std::string ToString() const;
@@ -84,12 +84,11 @@ class RadosLock {
   // Takes the lock of the image whose header object is `header_oid` in
   // `io`'s pool (`uri` names it in messages), fencing a gone holder as
   // above; `fenced` (may be null) gets the holder that was fenced, if any.
-  static Result<std::unique_ptr<RadosLock>> Acquire(std::shared_ptr<RadosCluster> cluster,
-                                                    const librados::IoCtx& io,
-                                                    const std::string& uri,
-                                                    const std::string& header_oid,
-                                                    std::optional<RadosLocker>* fenced = nullptr,
-                                                    bool takeover = false);
+  // With `takeover`, a live holder is asked to hand over (above) instead.
+  static Result<std::unique_ptr<RadosLock>> Acquire(
+      std::shared_ptr<RadosCluster> cluster, const librados::IoCtx& io,
+      const std::string& uri, const std::string& header_oid,
+      std::optional<RadosLocker>* fenced = nullptr, bool takeover = false);
   // Releases the lock, then the watch.
   ~RadosLock();
   RadosLock(const RadosLock&) = delete;
@@ -115,7 +114,7 @@ class RadosLock {
 
   std::mutex mu_;
   std::condition_variable cv_;
-  uint64_t handle_ = 0;       // the current watch; guarded by mu_
+  uint64_t handle_ = 0;        // the current watch; guarded by mu_
   bool watch_failed_ = false;  // guarded by mu_
   bool stopping_ = false;      // guarded by mu_
   std::thread rewatch_;

@@ -51,7 +51,8 @@ TEST_F(RadosLockTest, SecondWriterIsRefusedNamingTheHolder) {
   EXPECT_EQ(b.status().code(), Code::kBusy);
   const std::string m = b.status().message();
   EXPECT_NE(m.find(uri_ + ": in use by client."), std::string::npos) << m;
-  EXPECT_NE(m.find("pid " + std::to_string(getpid()) + " on host "), std::string::npos) << m;
+  EXPECT_NE(m.find("pid " + std::to_string(getpid()) + " on host "), std::string::npos)
+      << m;
   // A reader is never refused, and sees what the writer wrote.
   const std::vector<uint8_t> data = Pattern(1, 4096);
   ASSERT_TRUE((*a)->WriteAt(0, data).ok());
@@ -78,7 +79,8 @@ TEST_F(RadosLockTest, ListShowsTheHolderAndItsWatch) {
   const RadosLocker& l = held->front();
   EXPECT_TRUE(l.watching);
   EXPECT_EQ(l.client.rfind("client.", 0), 0u) << l.client;
-  EXPECT_NE(l.cookie.find("pid " + std::to_string(getpid())), std::string::npos) << l.cookie;
+  EXPECT_NE(l.cookie.find("pid " + std::to_string(getpid())), std::string::npos)
+      << l.cookie;
   // The cluster agrees: an exclusive cls lock "thindisk" with that cookie,
   // and a watch from the same client.
   rados_test::RunResult info = Rados("lock info " + image_ + ".header thindisk");

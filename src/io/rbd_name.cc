@@ -32,7 +32,8 @@ Status CheckPart(std::string_view name, std::string_view what, const std::string
   if (part.empty()) return Bad(name, "empty " + std::string(what) + " name");
   for (char c : part) {
     if (c == '/' || c == '@' || !std::isgraph(static_cast<unsigned char>(c))) {
-      return Bad(name, std::string(what) + " name contains a space, control character, '/' or '@'");
+      return Bad(name, std::string(what) +
+                           " name contains a space, control character, '/' or '@'");
     }
   }
   return Status::Ok();

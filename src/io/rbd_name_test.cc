@@ -13,7 +13,8 @@ TEST(RbdName, PoolImageSnapAndOptions) {
   EXPECT_TRUE(n->ns.empty() && n->snap.empty() && n->conf.empty() && n->id.empty());
   EXPECT_EQ(n->ToString(), "rbd:rbd/golden");
 
-  auto full = ParseRbdName("rbd:vms/tenant1/disk@daily:conf=/etc/ceph/a\\:b.conf:id=backup");
+  auto full =
+      ParseRbdName("rbd:vms/tenant1/disk@daily:conf=/etc/ceph/a\\:b.conf:id=backup");
   ASSERT_TRUE(full) << full.status().message();
   EXPECT_EQ(full->pool, "vms");
   EXPECT_EQ(full->ns, "tenant1");
@@ -31,16 +32,16 @@ TEST(RbdName, BadNames) {
     const char* name;
     const char* why;
   };
-  for (const Case& c : {Case{"rbd:", "want rbd:POOL/IMAGE"}, Case{"rbd:pool", "want rbd:POOL/IMAGE"},
-                        Case{"rbd:a/b/c/d", "want rbd:POOL/IMAGE"},
-                        Case{"rbd:/img", "empty pool name"}, Case{"rbd:p/", "empty image name"},
-                        Case{"rbd:p/i@", "empty snapshot name"},
-                        Case{"rbd:p/i:conf", "is not key=value"},
-                        Case{"rbd:p/i:conf=", "is not key=value"},
-                        Case{"rbd:p/i:user=x", "unknown option 'user'"},
-                        Case{"rbd:p/i:id=a:id=b", "'id' given twice"},
-                        Case{"rbd:p/i:id=client.admin", "without 'client.'"},
-                        Case{"rbd:p/i j", "image name contains a space"}}) {
+  for (const Case& c :
+       {Case{"rbd:", "want rbd:POOL/IMAGE"}, Case{"rbd:pool", "want rbd:POOL/IMAGE"},
+        Case{"rbd:a/b/c/d", "want rbd:POOL/IMAGE"}, Case{"rbd:/img", "empty pool name"},
+        Case{"rbd:p/", "empty image name"}, Case{"rbd:p/i@", "empty snapshot name"},
+        Case{"rbd:p/i:conf", "is not key=value"},
+        Case{"rbd:p/i:conf=", "is not key=value"},
+        Case{"rbd:p/i:user=x", "unknown option 'user'"},
+        Case{"rbd:p/i:id=a:id=b", "'id' given twice"},
+        Case{"rbd:p/i:id=client.admin", "without 'client.'"},
+        Case{"rbd:p/i j", "image name contains a space"}}) {
     auto n = ParseRbdName(c.name);
     ASSERT_FALSE(n) << c.name;
     EXPECT_EQ(n.status().code(), Code::kInvalidArgument);

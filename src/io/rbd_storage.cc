@@ -12,10 +12,10 @@ namespace {
 constexpr int kStop = -ECANCELED;
 
 struct Scan {
-  bool want;          // looking for data (true) or a hole (false)
-  uint64_t from;      // the caller's offset
-  uint64_t found;     // where it starts, when stopped
-  uint64_t covered;   // the end of the last extent seen
+  bool want;         // looking for data (true) or a hole (false)
+  uint64_t from;     // the caller's offset
+  uint64_t found;    // where it starts, when stopped
+  uint64_t covered;  // the end of the last extent seen
 };
 
 // diff_iterate2 reports the extents that exist ("data"); what lies between
@@ -49,7 +49,9 @@ int SumExtent(uint64_t, size_t length, int exists, void* arg) {
 
 RbdStorage::RbdStorage(std::shared_ptr<RadosCluster> cluster, librados::IoCtx io,
                        std::string what, bool read_only)
-    : cluster_(std::move(cluster)), io_(std::move(io)), what_(std::move(what)),
+    : cluster_(std::move(cluster)),
+      io_(std::move(io)),
+      what_(std::move(what)),
       read_only_(read_only) {}
 
 RbdStorage::~RbdStorage() {
@@ -83,7 +85,8 @@ Status RbdStorage::GrowTo(uint64_t end) {
 
 Status RbdStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
   const uint64_t size = size_.load();
-  const uint64_t inside = offset >= size ? 0 : std::min<uint64_t>(buf.size(), size - offset);
+  const uint64_t inside =
+      offset >= size ? 0 : std::min<uint64_t>(buf.size(), size - offset);
   if (inside > 0) {
     librados::bufferlist bl;
     const ssize_t n = image_.read(offset, inside, bl);
@@ -139,7 +142,8 @@ Status RbdStorage::PunchHole(uint64_t offset, uint64_t length) {
 Status RbdStorage::ZeroRange(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(CheckWritable());
   if (length == 0) return Status::Ok();
-  TD_RETURN_IF_ERROR(GrowTo(offset + length));  // as a file: zeroing past the end extends it
+  TD_RETURN_IF_ERROR(
+      GrowTo(offset + length));  // as a file: zeroing past the end extends it
   const ssize_t n = image_.write_zeroes(offset, length, 0, 0);
   if (n < 0) return Error(int(n), "write zeroes at " + std::to_string(offset));
   bytes_written_ += length;
@@ -149,7 +153,8 @@ Status RbdStorage::ZeroRange(uint64_t offset, uint64_t length) {
 Result<uint64_t> RbdStorage::Next(uint64_t offset, bool want) {
   const uint64_t size = size_.load();
   if (offset >= size) return size;
-  const uint64_t reach = fast_diff_ ? size - offset : std::min(size - offset, kMaxScanBytes);
+  const uint64_t reach =
+      fast_diff_ ? size - offset : std::min(size - offset, kMaxScanBytes);
   Scan scan{want, offset, 0, offset};
   const int ret = image_.diff_iterate2(nullptr, offset, reach, /*include_parent=*/true,
                                        /*whole_object=*/true, OnExtent, &scan);
@@ -170,12 +175,14 @@ Result<uint64_t> RbdStorage::NextHole(uint64_t offset) {
 Result<uint64_t> RbdStorage::AllocatedBytes() {
   if (!fast_diff_) return uint64_t(0);
   uint64_t bytes = 0;
-  const int ret = image_.diff_iterate2(nullptr, 0, size_.load(), true, true, SumExtent, &bytes);
+  const int ret =
+      image_.diff_iterate2(nullptr, 0, size_.load(), true, true, SumExtent, &bytes);
   if (ret < 0) return Error(ret, "sum allocated extents");
   return bytes;
 }
 
-Result<std::unique_ptr<Storage>> OpenRbd(const std::string& name, const OpenOptions& options) {
+Result<std::unique_ptr<Storage>> OpenRbd(const std::string& name,
+                                         const OpenOptions& options) {
   TD_ASSIGN_OR_RETURN(RbdName n, ParseRbdName(name));
   const std::string what = n.ToString();
   const bool read_only = options.read_only || !n.snap.empty();
@@ -183,8 +190,9 @@ Result<std::unique_ptr<Storage>> OpenRbd(const std::string& name, const OpenOpti
     return Status::ReadOnly(what + ": a snapshot is read-only");
   }
   if (options.create) {
-    return Status::NotSupported(what + ": thindisk does not create RBD images (use rbd create, "
-                                       "or a rados:// image)");
+    return Status::NotSupported(what +
+                                ": thindisk does not create RBD images (use rbd create, "
+                                "or a rados:// image)");
   }
   TD_ASSIGN_OR_RETURN(std::shared_ptr<RadosCluster> cluster,
                       RadosCluster::Get(n.conf, n.id, what));
@@ -207,14 +215,18 @@ Result<std::unique_ptr<Storage>> OpenRbd(const std::string& name, const OpenOpti
   if ((ret = s->image_.features(&features)) < 0) {
     return Status::FromErrno(-ret, what + ": features");
   }
-  if ((ret = s->image_.get_flags(&flags)) < 0) return Status::FromErrno(-ret, what + ": flags");
-  s->fast_diff_ = (features & RBD_FEATURE_FAST_DIFF) && !(flags & RBD_FLAG_FAST_DIFF_INVALID);
+  if ((ret = s->image_.get_flags(&flags)) < 0)
+    return Status::FromErrno(-ret, what + ": flags");
+  s->fast_diff_ =
+      (features & RBD_FEATURE_FAST_DIFF) && !(flags & RBD_FLAG_FAST_DIFF_INVALID);
   if (!read_only && (features & RBD_FEATURE_EXCLUSIVE_LOCK)) {
     ret = s->image_.lock_acquire(RBD_LOCK_MODE_EXCLUSIVE);
     if (ret == -EROFS || ret == -EBUSY || ret == -EAGAIN) {
       return Status(Code::kBusy,
-                    what + ": in use by another RBD client (its exclusive lock is held; "
-                           "rbd status " + n.pool + "/" + n.image + " shows who)",
+                    what +
+                        ": in use by another RBD client (its exclusive lock is held; "
+                        "rbd status " +
+                        n.pool + "/" + n.image + " shows who)",
                     EBUSY);
     }
     if (ret < 0) return Status::FromErrno(-ret, what + ": take the exclusive lock");

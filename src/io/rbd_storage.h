@@ -46,7 +46,8 @@ namespace thindisk::io {
 // Opens rbd:POOL/IMAGE[@SNAP][:conf=..][:id=..]. kNotFound for a missing
 // pool, image or snapshot; kBusy when another client holds the image's
 // exclusive lock and this open would write.
-Result<std::unique_ptr<Storage>> OpenRbd(const std::string& name, const OpenOptions& options);
+Result<std::unique_ptr<Storage>> OpenRbd(const std::string& name,
+                                         const OpenOptions& options);
 
 class RbdStorage final : public Storage {
  public:
