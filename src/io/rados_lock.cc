@@ -191,8 +191,8 @@ Status RadosLock::Watch() {
   const int ret = io_.watch3(header_oid_, &handle, watcher_.get(), watch_timeout_);
   if (ret < 0) return Status::FromErrno(-ret, uri_ + ": watch " + header_oid_);
   std::lock_guard<std::mutex> guard(mu_);
+  // watch_failed_ stays as it is: the new watch may already have failed.
   handle_ = handle;
-  watch_failed_ = false;
   return Status::Ok();
 }
 
@@ -271,18 +271,14 @@ void RadosLock::RewatchLoop() {
     watch_failed_ = false;
     guard.unlock();
     if (old != 0) (void)io_.unwatch2(old);
-    uint64_t handle = 0;
-    const int ret = io_.watch3(header_oid_, &handle, watcher_.get(), watch_timeout_);
+    const Status s = Watch();
     guard.lock();
-    if (ret == 0) {
-      handle_ = handle;
-    } else if (ret == -ENOENT) {
-      return;  // the image was removed (RemoveRados): nothing left to watch
-    } else {
-      // The cluster is out of reach: try again in a second, or stop.
-      watch_failed_ = true;
-      cv_.wait_for(guard, std::chrono::seconds(1), [this] { return stopping_; });
-    }
+    if (s.ok()) continue;
+    // The image was removed (RemoveRados): nothing left to watch.
+    if (s.error_number() == ENOENT) return;
+    // The cluster is out of reach: try again in a second, or stop.
+    watch_failed_ = true;
+    cv_.wait_for(guard, std::chrono::seconds(1), [this] { return stopping_; });
   }
 }
 
@@ -302,26 +298,43 @@ RadosLock::~RadosLock() {
   (void)cluster_->rados().watch_flush();
 }
 
-Result<std::vector<RadosLocker>> ListRadosLockers(const std::string& name) {
-  TD_ASSIGN_OR_RETURN(RadosName parsed, ParseRadosName(name));
-  TD_ASSIGN_OR_RETURN(std::shared_ptr<RadosCluster> cluster, RadosCluster::Get(parsed));
-  TD_ASSIGN_OR_RETURN(librados::IoCtx io, cluster->OpenPool(parsed));
-  const std::string oid = parsed.image + ".header";
+namespace {
+
+// An image's header object and the pool it is in: what ListRadosLockers
+// and BreakRadosLock work on, from one connection.
+struct Header {
+  RadosName name;
+  std::shared_ptr<RadosCluster> cluster;
+  librados::IoCtx io;
+  std::string oid;
+};
+
+// kNotFound when there is no such image.
+Result<Header> OpenHeader(const std::string& name) {
+  Header h;
+  TD_ASSIGN_OR_RETURN(h.name, ParseRadosName(name));
+  TD_ASSIGN_OR_RETURN(h.cluster, RadosCluster::Get(h.name));
+  TD_ASSIGN_OR_RETURN(h.io, h.cluster->OpenPool(h.name));
+  h.oid = h.name.image + ".header";
   uint64_t size = 0;
   time_t mtime = 0;
-  const int ret = io.stat(oid, &size, &mtime);
-  if (ret == -ENOENT)
-    return Status::NotFound(parsed.ToString() + ": no such image", ENOENT);
-  if (ret < 0) return Status::FromErrno(-ret, parsed.ToString() + ": stat " + oid);
-  return Lockers(io, parsed.ToString(), oid);
+  const int ret = h.io.stat(h.oid, &size, &mtime);
+  if (ret == -ENOENT) return Status::NotFound(h.name.ToString() + ": no such image", ENOENT);
+  if (ret < 0) return Status::FromErrno(-ret, h.name.ToString() + ": stat " + h.oid);
+  return h;
+}
+
+}  // namespace
+
+Result<std::vector<RadosLocker>> ListRadosLockers(const std::string& name) {
+  TD_ASSIGN_OR_RETURN(Header h, OpenHeader(name));
+  return Lockers(h.io, h.name.ToString(), h.oid);
 }
 
 Result<std::vector<RadosLocker>> BreakRadosLock(const std::string& name, bool force) {
-  TD_ASSIGN_OR_RETURN(RadosName parsed, ParseRadosName(name));
-  TD_ASSIGN_OR_RETURN(std::vector<RadosLocker> holders, ListRadosLockers(name));
-  TD_ASSIGN_OR_RETURN(std::shared_ptr<RadosCluster> cluster, RadosCluster::Get(parsed));
-  TD_ASSIGN_OR_RETURN(librados::IoCtx io, cluster->OpenPool(parsed));
-  const std::string uri = parsed.ToString();
+  TD_ASSIGN_OR_RETURN(Header header, OpenHeader(name));
+  const std::string uri = header.name.ToString();
+  TD_ASSIGN_OR_RETURN(std::vector<RadosLocker> holders, Lockers(header.io, uri, header.oid));
   for (const RadosLocker& h : holders) {
     if (h.watching && !force) {
       return Status(Code::kBusy,
@@ -332,7 +345,7 @@ Result<std::vector<RadosLocker>> BreakRadosLock(const std::string& name, bool fo
     }
   }
   for (const RadosLocker& h : holders) {
-    TD_RETURN_IF_ERROR(Fence(*cluster, io, uri, parsed.image + ".header", h));
+    TD_RETURN_IF_ERROR(Fence(*header.cluster, header.io, uri, header.oid, h));
   }
   return holders;
 }

@@ -127,15 +127,8 @@ old_holder=$(lockers | jq -r '.[0].client')
 serve_unix e "$TMP/e.sock" --takeover "$IMG"
 E=$SERVER_PID
 # The old server let go as on SIGTERM: drained, flushed, exited 0.
-for ((i = 0; i < 600; i++)); do
-  kill -0 "$D" 2>/dev/null || break
-  sleep 0.05
-done
-kill -0 "$D" 2>/dev/null && fail "the old server still runs after handing over"
-rc=0
-wait "$D" || rc=$?
-forget_server "$D"
-assert_eq 0 "$rc" "exit status of the server that handed over"
+wait_exit "$D" "the old server" "handing over"
+assert_eq 0 "$STOP_RC" "exit status of the server that handed over"
 grep -q "handing the image over" d.err || fail "the old server did not say it handed over: $(cat d.err)"
 new_holder=$(lockers | jq -r '.[0].client')
 [[ $new_holder != "$old_holder" ]] || fail "the lock is still $old_holder's after the takeover"

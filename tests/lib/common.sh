@@ -144,19 +144,25 @@ kill_server() {
   forget_server "$1"
 }
 
-# terminate PID NAME: SIGTERM, then the server must exit within 30 s; sets
-# STOP_RC to its exit status.
-terminate() {
+# wait_exit PID NAME WHY: the server must exit within 30 s (WHY says after
+# what, for the message); reaps it and sets STOP_RC to its exit status.
+wait_exit() {
   local pid=$1 name=$2 i
-  kill -TERM "$pid" 2>/dev/null || fail "$name (pid $pid) already gone"
   for ((i = 0; i < 600; i++)); do
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.05
   done
-  kill -0 "$pid" 2>/dev/null && fail "$name did not exit within 30s of SIGTERM"
+  kill -0 "$pid" 2>/dev/null && fail "$name did not exit within 30s of $3"
   STOP_RC=0
   wait "$pid" || STOP_RC=$?
   forget_server "$pid"
+}
+
+# terminate PID NAME: SIGTERM, then the server must exit within 30 s; sets
+# STOP_RC to its exit status.
+terminate() {
+  kill -TERM "$1" 2>/dev/null || fail "$2 (pid $1) already gone"
+  wait_exit "$1" "$2" SIGTERM
 }
 
 # stop_server PID [NAME]: terminate, and the server must exit 0 (it drains,
