@@ -319,7 +319,8 @@ Result<Header> OpenHeader(const std::string& name) {
   uint64_t size = 0;
   time_t mtime = 0;
   const int ret = h.io.stat(h.oid, &size, &mtime);
-  if (ret == -ENOENT) return Status::NotFound(h.name.ToString() + ": no such image", ENOENT);
+  if (ret == -ENOENT)
+    return Status::NotFound(h.name.ToString() + ": no such image", ENOENT);
   if (ret < 0) return Status::FromErrno(-ret, h.name.ToString() + ": stat " + h.oid);
   return h;
 }
@@ -334,7 +335,8 @@ Result<std::vector<RadosLocker>> ListRadosLockers(const std::string& name) {
 Result<std::vector<RadosLocker>> BreakRadosLock(const std::string& name, bool force) {
   TD_ASSIGN_OR_RETURN(Header header, OpenHeader(name));
   const std::string uri = header.name.ToString();
-  TD_ASSIGN_OR_RETURN(std::vector<RadosLocker> holders, Lockers(header.io, uri, header.oid));
+  TD_ASSIGN_OR_RETURN(std::vector<RadosLocker> holders,
+                      Lockers(header.io, uri, header.oid));
   for (const RadosLocker& h : holders) {
     if (h.watching && !force) {
       return Status(Code::kBusy,
