@@ -198,4 +198,51 @@ stop_server "$SERVER_PID" busy
 td rm -q busy.qcow2
 assert_absent busy.qcow2 "rm of a local image"
 [[ ! -s $OUT ]] || fail "rm -q printed: $(cat "$OUT")"
+
+# 6. Bad input: objects that are not thindisk's, a header from a newer
+# thindisk, an RBD image named as rados://, no cluster at all. Each is one
+# clear line and a non-zero exit, and nothing in the pool changes.
+log "bad input"
+rados_() { timeout 60 rados -p "$POOL" "$@"; }
+printf 'not a header at all' >junk.header
+rados_ put "$TAG-junk.header" junk.header
+td_fails "not a thindisk image" "a header object that is not thindisk's" info "$(img junk)"
+td_fails "not a thindisk image" "writing to a foreign image" io -c "write 0 4k" "$(img junk)"
+td_fails "already exists" "create over a foreign image" create -f raw "$(img junk)" 1M
+rados_ get "$TAG-junk.header" junk.after
+cmp -s junk.header junk.after || fail "the foreign header object changed"
+assert_eq "$TAG-junk.header" "$(objects junk | tr -d '\n')" "objects of the foreign image"
+# A header from a newer version: thindisk's magic, version 99.
+{ printf 'TDRADOS\n\0\0\0\x63'; head -c 52 /dev/zero; } >newer.header
+rados_ put "$TAG-newer.header" newer.header
+td_fails "newer thindisk.*version 99" "a header from a newer version" info "$(img newer)"
+td_fails "newer thindisk.*version 99" "writing to a newer version's image" \
+  io -c "write 0 4k" "$(img newer)"
+td_fails "newer thindisk" "rm of a newer version's image" rm "$(img newer)"
+rados_ get "$TAG-newer.header" newer.after
+cmp -s newer.header newer.after || fail "the newer header object changed"
+assert_eq "$TAG-newer.header" "$(objects newer | tr -d '\n')" "objects of the newer image"
+rados_ rm "$TAG-junk.header"
+rados_ rm "$TAG-newer.header"
+# An RBD image is not a rados:// image (its objects are rbd_header.ID, ...);
+# the error points at the name that opens it.
+if command -v rbd >/dev/null; then
+  timeout 60 rbd create --size 4 "$POOL/$TAG-rbd"
+  td_fails "no such image" "an RBD image named as rados://" info "$(img rbd)"
+  timeout 60 rbd rm --no-progress "$POOL/$TAG-rbd"
+fi
+# No cluster reachable: a mon address where nothing listens; the conf's
+# client_mount_timeout (3 s here; 10 s when no conf sets one) bounds the wait.
+cat >nocluster.conf <<EOF
+[global]
+mon host = 127.0.0.1:9
+auth client required = none
+client mount timeout = 3
+EOF
+t0=$SECONDS
+capture env CEPH_CONF="$PWD/nocluster.conf" "$TD" info "$(img base)"
+((RC != 0)) || fail "info without a reachable cluster succeeded"
+((SECONDS - t0 <= 20)) || fail "no cluster: $((SECONDS - t0)) s before giving up (3 s set)"
+(($(wc -l <"$ERR") == 1)) || fail "no cluster: not one line: $(cat "$ERR")"
+grep -qi "cluster" "$ERR" || fail "no cluster: the error does not say so: $(cat "$ERR")"
 echo "PASS"
