@@ -8,6 +8,13 @@
 #                                     ready when a `rados put/get` of POOL
 #                                     (default thindisk) round-trips
 #   ceph-cluster.sh stop DIR          stop the daemons started from DIR
+#   ceph-cluster.sh stop-osd DIR      stop only the osd, cleanly, keeping its
+#                                     data (memstore saves it to DIR/osd on
+#                                     a clean stop: osd_fast_shutdown is
+#                                     turned off first, through its admin
+#                                     socket, as the default skips the save)
+#   ceph-cluster.sh start-osd DIR     start that osd again (it loads the
+#                                     saved data); ready as for start
 #   ceph-cluster.sh env DIR           print CEPH_CONF=DIR/ceph.conf
 #
 # Clients find the cluster through CEPH_CONF=DIR/ceph.conf (ceph, rados, rbd,
@@ -27,7 +34,7 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 start DIR [POOL] | stop DIR | env DIR" >&2
+  echo "usage: $0 start DIR [POOL] | stop DIR | stop-osd DIR | start-osd DIR [POOL] | env DIR" >&2
   exit 2
 }
 [[ $# -ge 2 ]] || usage
@@ -263,9 +270,38 @@ start_cluster() {
   log "cluster up in $((($(date +%s%N) - t0) / 1000000)) ms: CEPH_CONF=$CONF (mon 127.0.0.1:$MON_V2, pool $POOL)"
 }
 
+# running NAME: the daemon in DIR/run/NAME.pid is ours and alive.
+running() { [[ -f $DIR/run/$1.pid ]] && ours "$(<"$DIR/run/$1.pid")"; }
+
+# stop_osd_keeping_data: the osd's clean shutdown (umount: memstore writes
+# its objects to DIR/osd/osd.0) instead of the immediate exit that
+# osd_fast_shutdown (on by default) makes of a TERM, which loses them.
+stop_osd_keeping_data() {
+  running osd.0 || die "no osd of $DIR is running"
+  timeout 10 ceph --admin-daemon "$DIR/run/osd.0.asok" config set osd_fast_shutdown false \
+    >/dev/null || die "osd_fast_shutdown could not be turned off: its data would be lost"
+  stop_daemon osd.0
+}
+
+# start_osd_again: the osd of a cluster whose mon runs, on its saved data.
+start_osd_again() {
+  running mon.a || die "no mon of $DIR is running"
+  ! running osd.0 || die "the osd of $DIR is running"
+  FSID=$(awk '$1 == "fsid" { print $3 }' "$CONF")
+  ceph-osd -i 0 -c "$CONF" </dev/null >>"$DIR/log/daemons.out" 2>&1 ||
+    die "ceph-osd failed to start"
+  wait_pid_file osd.0 || {
+    log_tail osd.0
+    die "osd did not start"
+  }
+  wait_ready
+}
+
 case $CMD in
 start) start_cluster ;;
 stop) stop_cluster ;;
+stop-osd) stop_osd_keeping_data ;;
+start-osd) start_osd_again ;;
 env) echo "CEPH_CONF=$CONF" ;;
 *) usage ;;
 esac
