@@ -1,8 +1,10 @@
 // Target (a): the workloads run in this process against fresh qcow2 images
-// created in a scratch directory, through the real engine (block::Open),
-// with a CountingStorage under each image for host write amplification and
-// this process's CPU time per op, and (with `latency`) a LatencyStorage
-// under that, so every host request of every image waits the latency.
+// created in a scratch directory or RADOS pool (bench/scratch.h), through
+// the real engine (block::Open), with host write amplification and this
+// process's CPU time per op. Local images have a CountingStorage under each
+// layer and (with `latency`) a LatencyStorage under that, so every host
+// request of every image waits the latency; pool images count their own
+// writes and take no latency.
 //
 // Per workload (DESIGN.md), each on a fresh image of max(4 GiB, size):
 //   W1 read [0, size) in 1 MiB requests, never written.
@@ -50,10 +52,11 @@ struct WorkloadOptions {
 };
 
 struct InProcessOptions : WorkloadOptions {
-  std::string dir;              // parent of the scratch directory
-  std::chrono::microseconds latency{0};  // per host request (io::LatencyStorage); 0: none
+  std::string dir;  // parent of the scratch directory, or rados://POOL
+  // Per host request (io::LatencyStorage); 0: none. Local images only.
+  std::chrono::microseconds latency{0};
   qcow2::CreateOptions layout;  // everything but size (set per image)
-  bool keep_images = false;     // leave the scratch directory behind
+  bool keep_images = false;     // leave the scratch directory (or pool images) behind
 };
 
 // The smallest virtual size the workloads use: DESIGN.md's 4 GiB, or more

@@ -1,11 +1,12 @@
 // thindisk bench: the DESIGN.md workloads W1-W6 and W9 on fresh images
-// in-process (optionally on slow storage, --latency), or W1-W4 against any
-// NBD server (--uri); --seed-demo reproduces the
-// project's seed experiment. The work is in src/bench; this file turns
-// flags into its options and prints the report.
-#include <CLI/CLI.hpp>
+// in-process, in a local directory (optionally on slow storage, --latency)
+// or in a RADOS pool (rados://POOL), or W1-W4 against any NBD server
+// (--uri); --seed-demo reproduces the project's seed experiment. The work
+// is in src/bench; this file turns flags into its options and prints the
+// report.
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -18,11 +19,14 @@
 #include "bench/seed_demo.h"
 #include "cli/common.h"
 #include "cli/image_create.h"
+#include "io/rados_name.h"
+#include "io/rbd_name.h"
 
 namespace thindisk::cli {
 namespace {
 
-constexpr const char* kBenchHelp = R"(Workloads (fresh image each, virtual size max(4 GiB, --size)):
+constexpr const char* kBenchHelp =
+    R"(Workloads (fresh image each, virtual size max(4 GiB, --size)):
   W1  sequential read, 1 MiB blocks, of a never-written image       MB/s
   W2  4 KiB random first writes over --size (QD 1 and --qd)          IOPS, write amplification
   W3  the same 4 KiB writes again (allocated space)                  IOPS
@@ -41,11 +45,17 @@ Write phases end with a flush, included in their time. Space amplification
 = allocated file bytes / guest bytes; write amplification = host bytes
 written / guest bytes (in-process: counted under the engine; --uri: the
 server's /proc/PID/io write_bytes, with --server-pid).
+DIR may be a RADOS pool, rados://POOL[?conf=PATH&id=CLIENT]: the images are
+then td-bench-<pid>-<workload> in the pool, made as `thindisk create
+rados://` makes them and removed at the end (kept with --keep); host bytes
+are those sent to RADOS (not the OSDs' replicas), allocated bytes the sizes
+of the images' objects. --latency and --seed-demo take a local DIR.
 
 Examples:
   thindisk bench /var/tmp --size 1G
   thindisk bench --size 64M --workloads W2,W3 --qd 1 --output json
   thindisk bench /var/tmp -o cluster_size=64k,extended_l2=off
+  thindisk bench rados://thindisk --size 64M --workloads W2,W3,W4 --output json
   thindisk bench --latency 1ms --workloads W2,W9 --qd 32 --size 64M --ops 4096
   thindisk bench --uri 'nbd+unix:///?socket=/tmp/nbd.sock' --server-pid 1234 --image disk.qcow2
   thindisk bench --seed-demo /var/tmp --size 16M)";
@@ -76,38 +86,59 @@ class LabelledProgress {
 class BenchCommand final : public Subcommand {
  public:
   CLI::App* Register(CLI::App& app) override {
-    CLI::App* sub = app.add_subcommand("bench", "Measure the seed workloads (W1-W6, W9) in-process or over NBD");
+    CLI::App* sub = app.add_subcommand(
+        "bench", "Measure the seed workloads (W1-W6, W9) in-process or over NBD");
     sub->footer(kBenchHelp);
-    sub->add_option("dir", dir_, "Directory for the fresh images (default /var/tmp, else the cwd)");
-    sub->add_option("--uri", uri_, "Benchmark an NBD server instead (nbd+unix:///?socket=..., nbd://host:port)");
-    sub->add_option("-o,--options", option_strings_, "qcow2 create options for the images (key=value,...)");
-    sub->add_option("--cluster-size", cluster_size_text_, "Cluster size of the images (default 128k)");
-    sub->add_option("--extended-l2", extended_l2_text_, "Subclusters: on (default) or off");
-    sub->add_option("--workloads", workloads_text_, "Comma-separated W1..W6, W9 (default: W1-W6, or W1-W4 with --uri)");
-    sub->add_option("--size", size_text_, "Guest bytes per workload (default 1G; --seed-demo: 64M)");
-    sub->add_option("--qd", qd_, "Queue depth: worker threads in-process, requests in flight over NBD")
+    sub->add_option("dir", dir_,
+                    "Directory for the fresh images (default /var/tmp, else the cwd), or "
+                    "rados://POOL");
+    sub->add_option(
+        "--uri", uri_,
+        "Benchmark an NBD server instead (nbd+unix:///?socket=..., nbd://host:port)");
+    sub->add_option("-o,--options", option_strings_,
+                    "qcow2 create options for the images (key=value,...)");
+    sub->add_option("--cluster-size", cluster_size_text_,
+                    "Cluster size of the images (default 128k)");
+    sub->add_option("--extended-l2", extended_l2_text_,
+                    "Subclusters: on (default) or off");
+    sub->add_option("--workloads", workloads_text_,
+                    "Comma-separated W1..W6, W9 (default: W1-W6, or W1-W4 with --uri)");
+    sub->add_option("--size", size_text_,
+                    "Guest bytes per workload (default 1G; --seed-demo: 64M)");
+    sub->add_option("--qd", qd_,
+                    "Queue depth: worker threads in-process, requests in flight over NBD")
         ->check(CLI::Range(1, 256));
     sub->add_option("--seed", seed_, "Seed for offsets and data (default 1)");
-    sub->add_option("--runtime", runtime_, "Stop each phase after this many seconds (0: no limit)")
+    sub->add_option("--runtime", runtime_,
+                    "Stop each phase after this many seconds (0: no limit)")
         ->check(CLI::NonNegativeNumber);
-    sub->add_option("--ops", max_ops_, "Stop each phase after this many requests (0: no limit)");
-    sub->add_option("--latency", latency_text_,
-                    "In-process: delay every host request by this much (1ms, 500us; default 0)");
+    sub->add_option("--ops", max_ops_,
+                    "Stop each phase after this many requests (0: no limit)");
+    sub->add_option(
+        "--latency", latency_text_,
+        "In-process: delay every host request by this much (1ms, 500us; default 0)");
     sub->add_option("--output", output_, "Report format: human (default) or json")
         ->check(CLI::IsMember({"human", "json"}));
-    sub->add_option("--server-pid", server_pid_, "With --uri: the server's pid, for host writes and CPU per op");
-    sub->add_option("--image", image_, "With --uri: the served file, for space amplification");
-    sub->add_flag("--seed-demo", seed_demo_, "Reproduce the seed experiment (dd bs=1k / bs=1M, two layouts)");
-    sub->add_flag("--progress", progress_, "Show progress on stderr even when it is not a terminal");
+    sub->add_option("--server-pid", server_pid_,
+                    "With --uri: the server's pid, for host writes and CPU per op");
+    sub->add_option("--image", image_,
+                    "With --uri: the served file, for space amplification");
+    sub->add_flag("--seed-demo", seed_demo_,
+                  "Reproduce the seed experiment (dd bs=1k / bs=1M, two layouts)");
+    sub->add_flag("--progress", progress_,
+                  "Show progress on stderr even when it is not a terminal");
     sub->add_flag("-q,--quiet", quiet_, "No progress");
-    sub->add_flag("--keep", keep_, "Keep the images (in a thindisk-bench-* directory under DIR)");
+    sub->add_flag("--keep", keep_,
+                  "Keep the images (in a thindisk-bench-* directory under DIR; in a "
+                  "pool: td-bench-PID-*)");
     return sub;
   }
 
   Result<Outcome> Run() override {
     TD_RETURN_IF_ERROR(Validate());
     LabelledProgress progress((progress_ || isatty(STDERR_FILENO)) && !quiet_);
-    bench::LabelledProgressFn on_progress = [&progress](const std::string& l, uint64_t d, uint64_t t) {
+    bench::LabelledProgressFn on_progress = [&progress](const std::string& l, uint64_t d,
+                                                        uint64_t t) {
       progress.Update(l, d, t);
     };
     if (seed_demo_) {
@@ -154,36 +185,47 @@ class BenchCommand final : public Subcommand {
   // Every combination error is found before any image is made.
   Status Validate() {
     bool remote = !uri_.empty();
-    if (remote && !dir_.empty()) return Status::InvalidArgument("--uri and a DIR exclude each other");
-    if (remote && (!option_strings_.empty() || !cluster_size_text_.empty() || !extended_l2_text_.empty())) {
-      return Status::InvalidArgument("-o, --cluster-size and --extended-l2 shape in-process images; "
-                                     "with --uri the server's image is used as it is");
+    if (remote && !dir_.empty())
+      return Status::InvalidArgument("--uri and a DIR exclude each other");
+    TD_RETURN_IF_ERROR(ValidatePool());
+    if (remote && (!option_strings_.empty() || !cluster_size_text_.empty() ||
+                   !extended_l2_text_.empty())) {
+      return Status::InvalidArgument(
+          "-o, --cluster-size and --extended-l2 shape in-process images; "
+          "with --uri the server's image is used as it is");
     }
-    if (remote && seed_demo_) return Status::InvalidArgument("--seed-demo runs in-process only (drop --uri)");
+    if (remote && seed_demo_)
+      return Status::InvalidArgument("--seed-demo runs in-process only (drop --uri)");
     if (!latency_text_.empty()) {
       if (remote) {
-        return Status::InvalidArgument("--latency slows in-process images; with --uri the server's "
-                                       "storage is used as it is (drop --latency)");
+        return Status::InvalidArgument(
+            "--latency slows in-process images; with --uri the server's "
+            "storage is used as it is (drop --latency)");
       }
       if (seed_demo_) {
-        return Status::InvalidArgument("--seed-demo reproduces the seed on real storage; "
-                                       "drop --latency");
+        return Status::InvalidArgument(
+            "--seed-demo reproduces the seed on real storage; "
+            "drop --latency");
       }
       TD_ASSIGN_OR_RETURN(latency_, bench::ParseDuration(latency_text_, "--latency"));
     }
     if (!remote && (server_pid_ != 0 || !image_.empty())) {
-      return Status::InvalidArgument("--server-pid and --image describe an NBD server: they need --uri");
+      return Status::InvalidArgument(
+          "--server-pid and --image describe an NBD server: they need --uri");
     }
-    if (server_pid_ < 0) return Status::InvalidArgument("--server-pid must be a process id");
+    if (server_pid_ < 0)
+      return Status::InvalidArgument("--server-pid must be a process id");
     if (remote && !bench::HaveNbdClient()) {
-      return Status::NotSupported("--uri needs libnbd, and this thindisk was built without it "
-                                  "(install libnbd-dev and rebuild)");
+      return Status::NotSupported(
+          "--uri needs libnbd, and this thindisk was built without it "
+          "(install libnbd-dev and rebuild)");
     }
     if (!size_text_.empty()) {
       TD_ASSIGN_OR_RETURN(uint64_t size, ParseSize(size_text_));
       if (size < (1u << 20) || size % 4096 != 0) {
-        return Status::InvalidArgument("--size must be at least 1 MiB and a multiple of 4 KiB, not '" +
-                                       size_text_ + "'");
+        return Status::InvalidArgument(
+            "--size must be at least 1 MiB and a multiple of 4 KiB, not '" + size_text_ +
+            "'");
       }
       size_ = size;
     }
@@ -196,8 +238,9 @@ class BenchCommand final : public Subcommand {
     if (remote) {
       for (bench::Workload w : workloads_) {
         if (w == bench::Workload::kW5CloneWrite || w == bench::Workload::kW6Compress) {
-          return Status::InvalidArgument(std::string(bench::WorkloadId(w)) +
-                                         " creates images, so it runs in-process only (drop --uri)");
+          return Status::InvalidArgument(
+              std::string(bench::WorkloadId(w)) +
+              " creates images, so it runs in-process only (drop --uri)");
         }
         if (w == bench::Workload::kW9RandRead) {
           return Status::InvalidArgument("W9 runs in-process only (drop --uri)");
@@ -208,17 +251,44 @@ class BenchCommand final : public Subcommand {
     return Status::Ok();
   }
 
+  // A rados:// DIR must name a pool; what needs local files refuses it.
+  Status ValidatePool() const {
+    if (io::IsRbdName(dir_)) {
+      return Status::InvalidArgument(dir_ +
+                                     ": bench makes thindisk images, not RBD ones; "
+                                     "give the pool as rados://POOL");
+    }
+    if (!io::IsRadosName(dir_)) return Status::Ok();
+    TD_RETURN_IF_ERROR(io::ParseRadosPool(dir_).status());
+    if (seed_demo_) {
+      return Status::InvalidArgument(
+          "--seed-demo reproduces the seed on local files; give a "
+          "directory, not " +
+          dir_);
+    }
+    if (!latency_text_.empty()) {
+      return Status::InvalidArgument(
+          "--latency slows local images; a rados:// pool is "
+          "measured with its own latency (drop --latency)");
+    }
+    return Status::Ok();
+  }
+
   Result<qcow2::CreateOptions> Layout() const {
     CreatePlan plan;
     plan.format = "qcow2";
     TD_RETURN_IF_ERROR(ApplyCreateOptions(plan, option_strings_));
     if (!plan.backing_file.empty()) {
-      return Status::InvalidArgument("bench makes its own images: -o backing_file is not allowed");
+      return Status::InvalidArgument(
+          "bench makes its own images: -o backing_file is not allowed");
     }
-    if (!cluster_size_text_.empty()) TD_RETURN_IF_ERROR(ApplyCreateOption(plan, "cluster_size", cluster_size_text_));
-    if (!extended_l2_text_.empty()) TD_RETURN_IF_ERROR(ApplyCreateOption(plan, "extended_l2", extended_l2_text_));
+    if (!cluster_size_text_.empty())
+      TD_RETURN_IF_ERROR(ApplyCreateOption(plan, "cluster_size", cluster_size_text_));
+    if (!extended_l2_text_.empty())
+      TD_RETURN_IF_ERROR(ApplyCreateOption(plan, "extended_l2", extended_l2_text_));
     if (plan.qcow2.extended_l2 && plan.qcow2.cluster_size < 16 * 1024) {
-      return Status::InvalidArgument("extended_l2=on needs clusters of at least 16 KiB (add --extended-l2 off)");
+      return Status::InvalidArgument(
+          "extended_l2=on needs clusters of at least 16 KiB (add --extended-l2 off)");
     }
     return plan.qcow2;
   }

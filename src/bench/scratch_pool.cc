@@ -1,0 +1,88 @@
+// The RADOS-pool Scratch (see scratch.h): images td-bench-<pid>-KEY in the
+// pool, made, opened and removed as the CLI does for rados:// names.
+#include <unistd.h>
+
+#include <set>
+#include <utility>
+
+#include "bench/scratch.h"
+#include "block/open.h"
+#include "io/rados_name.h"
+#include "io/rados_storage.h"
+
+namespace thindisk::bench {
+namespace {
+
+class PoolScratch final : public Scratch {
+ public:
+  explicit PoolScratch(io::RadosName pool)
+      : pool_(std::move(pool)), prefix_("td-bench-" + std::to_string(::getpid()) + "-") {}
+
+  // What failed to go earlier gets one more try; nothing to report from here.
+  ~PoolScratch() override {
+    if (keep_) return;
+    for (const std::string& key : made_) (void)io::RemoveRados(Name(key));
+  }
+
+  std::string Name(const std::string& key) const override {
+    io::RadosName n = pool_;
+    n.image = BackingName(key);
+    return n.Uri();
+  }
+  // A relative backing name is an image in the overlay's pool, reached
+  // with the overlay's conf and id (block/open.h).
+  std::string BackingName(const std::string& key) const override { return prefix_ + key; }
+
+  // As `thindisk create rados://...` (cli/image_create.cc): the header
+  // object first, exclusive (an image that exists is refused, never
+  // overwritten), then the format through the storage; a failure after the
+  // header removes the image again.
+  Status CreateImage(const std::string& key,
+                     const qcow2::CreateOptions& layout) override {
+    const std::string name = Name(key);
+    TD_RETURN_IF_ERROR(io::CreateRados(name, 0));
+    made_.insert(key);
+    io::OpenOptions io_options;
+    auto storage = io::OpenRados(name, io_options);
+    Status s = storage.status();
+    if (s.ok()) s = qcow2::Create(**storage, layout);
+    if (s.ok()) s = (*storage)->Flush();
+    if (storage) storage->reset();  // releases the image's lock before any remove
+    if (s.ok()) return s;
+    if (io::RemoveRados(name).ok()) made_.erase(key);
+    return s.WithContext(name);
+  }
+
+  Result<std::unique_ptr<block::Device>> Open(
+      const std::string& key, std::shared_ptr<HostCounters> /*counters*/,
+      std::chrono::microseconds latency) override {
+    if (latency.count() > 0) {
+      return Status::InvalidArgument(pool_.PoolUri() +
+                                     ": a latency cannot be added under rados:// images; "
+                                     "the pool's own is what is measured");
+    }
+    block::OpenOptions o;
+    o.format = "qcow2";
+    return block::Open(Name(key), o);
+  }
+
+  void Remove(const std::string& key) override {
+    if (keep_) return;
+    Status s = io::RemoveRados(Name(key));
+    if (s.ok() || s.code() == Code::kNotFound) made_.erase(key);
+  }
+
+ private:
+  const io::RadosName pool_;
+  const std::string prefix_;
+  std::set<std::string> made_;  // keys of the images this run made and has not removed
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Scratch>> NewScratchPool(const std::string& pool_uri) {
+  TD_ASSIGN_OR_RETURN(io::RadosName pool, io::ParseRadosPool(pool_uri));
+  return std::unique_ptr<Scratch>(std::make_unique<PoolScratch>(std::move(pool)));
+}
+
+}  // namespace thindisk::bench
