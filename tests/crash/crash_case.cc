@@ -174,8 +174,29 @@ void Case::Verify(const std::string& label, std::unique_ptr<MemoryStorage> state
   }
 }
 
+// A copy of what `base` holds now, to check without touching it.
+Result<std::unique_ptr<MemoryStorage>> Snapshot(io::Storage& base) {
+  if (auto* memory = dynamic_cast<MemoryStorage*>(&base)) return memory->Clone();
+  auto copy = io::NewMemoryStorage(base.name());
+  TD_ASSIGN_OR_RETURN(uint64_t size, base.Size());
+  std::vector<uint8_t> chunk(1 << 20);
+  for (uint64_t off = 0; off < size; off += chunk.size()) {
+    std::span<uint8_t> part(chunk.data(), std::min<uint64_t>(chunk.size(), size - off));
+    TD_RETURN_IF_ERROR(base.ReadAt(off, part));
+    TD_RETURN_IF_ERROR(copy->WriteAt(off, part));
+  }
+  return copy;
+}
+
 CaseResult Case::Run(uint64_t nth) {
-  auto base = std::shared_ptr<MemoryStorage>(io::NewMemoryStorage("crash.qcow2"));
+  std::shared_ptr<io::Storage> base;
+  if (options_.make_base) {
+    auto made = options_.make_base();
+    if (!made) return {.failure = "base storage: " + made.error().ToString()};
+    base = std::move(*made);
+  } else {
+    base = io::NewMemoryStorage("crash.qcow2");
+  }
   Status s = qcow2::Create(*base, CreateOptionsFor(g_));
   if (!s.ok()) return {.failure = "create: " + s.ToString()};
   auto faulty_or = io::NewFaultyStorage(base);
@@ -226,9 +247,10 @@ CaseResult Case::Run(uint64_t nth) {
   }
   // Errors: both the live state and the state after a later power cut
   // must hold up.
-  auto& live = static_cast<MemoryStorage&>(faulty->base());
+  auto live = Snapshot(faulty->base());
+  if (!live) return {.failure = "reading the live image: " + live.error().ToString()};
   Verify("live image after close (" + std::string(closed.ok() ? "ok" : closed.ToString()) + ")",
-         live.Clone());
+         std::move(*live));
   auto state = faulty->SimulatePowerLoss(io::PowerLossMode::kKeepRandomSubset,
                                          Mix(CaseId(spec_)));
   if (!state) return {.failure = "power loss: " + state.error().ToString()};
@@ -270,10 +292,12 @@ std::string Describe(const CaseSpec& spec) {
          FaultName(spec.fault) + " at " + io::EventName(spec.event);
 }
 
-CaseResult CountEvents(uint64_t workload_seed) {
+CaseResult CountEvents(uint64_t workload_seed, const RunOptions& options) {
   CaseSpec dry;
   dry.workload_seed = workload_seed;
-  return Case(dry, RunOptions{}, false).Run(0);
+  RunOptions counting;
+  counting.make_base = options.make_base;  // the same storage, the same steps
+  return Case(dry, counting, false).Run(0);
 }
 
 CaseResult RunCase(const CaseSpec& spec, const RunOptions& options,
@@ -281,7 +305,7 @@ CaseResult RunCase(const CaseSpec& spec, const RunOptions& options,
   if (spec.fault == FaultKind::kNone) return Case(spec, options, true).Run(0);
   CaseResult counted;
   if (!counts) {
-    counted = CountEvents(spec.workload_seed);
+    counted = CountEvents(spec.workload_seed, options);
     if (!counted.failure.empty()) return counted;
     counts = &counted.events;
   }

@@ -11,6 +11,8 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -48,6 +50,13 @@ struct RunOptions {
   // When non-empty, the crashed image (and its backing file) is written to
   // a temporary directory and `qemu-img check` must exit 0 or 3.
   std::string qemu_img;
+  // The storage the image is created on and the workload runs over, under
+  // the FaultyStorage that injects the fault and keeps the durable mirror;
+  // null: a MemoryStorage. The RADOS suite passes a fresh rados:// image
+  // (crash_rados_test.cc), so the engine's writes go through RadosStorage
+  // and the live state a fault leaves is read back out of the pool. Called
+  // once per run (the dry run that counts steps included).
+  std::function<Result<std::shared_ptr<io::Storage>>()> make_base;
 };
 
 struct CaseResult {
@@ -64,6 +73,6 @@ CaseResult RunCase(const CaseSpec& spec, const RunOptions& options,
                    const std::array<uint64_t, io::kEventCount>* counts = nullptr);
 // The fault-free run: announcements per step (failure set if even that
 // run fails).
-CaseResult CountEvents(uint64_t workload_seed);
+CaseResult CountEvents(uint64_t workload_seed, const RunOptions& options = {});
 
 }  // namespace thindisk::crash
