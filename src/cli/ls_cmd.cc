@@ -1,6 +1,6 @@
 // thindisk ls: the thindisk images in a RADOS pool, with their virtual size,
-// format, stored bytes, object size and backing file (rbd ls -l's place for
-// thindisk images).
+// format, stored bytes, object size, backing file and who holds the
+// one-writer lock (rbd ls -l's place for thindisk images).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdio>
@@ -14,6 +14,7 @@
 #include "cli/common.h"
 #include "cli/image_summary.h"
 #include "io/rados_cluster.h"
+#include "io/rados_lock.h"
 #include "io/rados_name.h"
 #include "io/rados_storage.h"
 
@@ -25,12 +26,15 @@ constexpr const char* kLsHelp =
     "there (one header object each), sorted by name; RBD images and other\n"
     "objects in the pool are not listed. For each: its virtual size, format\n"
     "(probed as `thindisk info` does), the bytes its objects hold, its object\n"
-    "size and its backing file. An image that cannot be read is listed with\n"
-    "format '?' and the reason on stderr.";
+    "size, its backing file and the writer holding its lock (LOCK: the client,\n"
+    "and whether it is alive or gone; `thindisk lock ls` shows the rest). An\n"
+    "image that cannot be read is listed with format '?' and the reason on\n"
+    "stderr.";
 
 struct Row {
   io::RadosImageEntry entry;
-  std::optional<ImageSummary> summary;  // none when it could not be read
+  std::optional<ImageSummary> summary;   // none when it could not be read
+  std::vector<io::RadosLocker> lockers;  // empty: no writer holds it (or unknown)
 };
 
 class LsCommand final : public Subcommand {
@@ -56,8 +60,11 @@ class LsCommand final : public Subcommand {
       name.image = e.name;
       auto summary = ReadImageSummary(name.Uri(), "");
       if (!summary) PrintWarning(summary.error().message());
-      rows.push_back(
-          {std::move(e), summary ? std::optional(std::move(*summary)) : std::nullopt});
+      auto lockers = io::ListRadosLockers(name.Uri());
+      if (!lockers) PrintWarning(lockers.error().message());
+      rows.push_back({std::move(e),
+                      summary ? std::optional(std::move(*summary)) : std::nullopt,
+                      lockers ? std::move(*lockers) : std::vector<io::RadosLocker>{}});
     }
     if (output_ == "json") {
       PrintJson(rows);
@@ -82,6 +89,15 @@ class LsCommand final : public Subcommand {
       if (r.summary && !r.summary->backing_filename.empty()) {
         o["backing-filename"] = r.summary->backing_filename;
       }
+      // As `thindisk lock ls` prints them; null when no writer holds it.
+      o["lock"] = nullptr;
+      if (!r.lockers.empty()) {
+        const io::RadosLocker& l = r.lockers.front();
+        o["lock"] = {{"client", l.client},
+                     {"cookie", l.cookie},
+                     {"address", l.address},
+                     {"alive", l.watching}};
+      }
       j.push_back(std::move(o));
     }
     std::cout << j.dump(4) << "\n";
@@ -92,15 +108,20 @@ class LsCommand final : public Subcommand {
     int width = 4;  // "NAME"
     for (const Row& r : rows)
       width = std::max(width, static_cast<int>(r.entry.name.size()));
-    std::printf("%-*s  %10s  %-6s  %10s  %-11s  %s\n", width, "NAME", "SIZE", "FORMAT",
-                "STORED", "OBJECT SIZE", "BACKING");
+    std::printf("%-*s  %10s  %-6s  %10s  %-11s  %-24s  %s\n", width, "NAME", "SIZE",
+                "FORMAT", "STORED", "OBJECT SIZE", "LOCK", "BACKING");
     for (const Row& r : rows) {
       const ImageSummary* s = r.summary ? &*r.summary : nullptr;
-      std::printf("%-*s  %10s  %-6s  %10s  %-11s  %s\n", width, r.entry.name.c_str(),
-                  s ? HumanSize(s->virtual_size).c_str() : "?",
+      std::string lock = "-";
+      if (!r.lockers.empty()) {
+        lock = r.lockers.front().client +
+               (r.lockers.front().watching ? " (alive)" : " (gone)");
+      }
+      std::printf("%-*s  %10s  %-6s  %10s  %-11s  %-24s  %s\n", width,
+                  r.entry.name.c_str(), s ? HumanSize(s->virtual_size).c_str() : "?",
                   s ? s->format.c_str() : "?",
                   s ? HumanSize(s->actual_size).c_str() : "?",
-                  HumanSize(r.entry.object_size).c_str(),
+                  HumanSize(r.entry.object_size).c_str(), lock.c_str(),
                   s && !s->backing_filename.empty() ? s->backing_filename.c_str() : "-");
     }
   }

@@ -68,6 +68,13 @@ rados_ listwatchers "$HEADER" | grep -q watcher || fail "the holder registered n
 holder=$(jq -r '.lockers[0].name' "$TMP/lock.json")
 [[ $(lockers | jq -r '.[0].client') == "$holder" ]] || fail "lock ls names another holder"
 assert_eq true "$(lockers | jq '.[0].alive')" "the serving holder is alive"
+# ls names the holder too (JSON as lock ls prints it; a LOCK column).
+td ls --output=json "rados://$POOL"
+assert_eq "$holder true" \
+  "$(jq -r --arg n "$TAG-disk" '.[] | select(.name == $n) | "\(.lock.client) \(.lock.alive)"' "$OUT")" \
+  "the holder in ls"
+td ls "rados://$POOL"
+grep -qE "^$TAG-disk .* $holder \(alive\)" "$OUT" || fail "ls does not show the holder: $(cat "$OUT")"
 
 td_fails "in use by $holder" "a second writer (io)" io -c "write -P 0x22 0 4k" "$IMG"
 td_fails "in use by $holder" "resize while served" resize "$IMG" 128M
@@ -104,6 +111,8 @@ B=$SERVER_PID
 kill_server "$B" KILL
 wait_watch_gone
 assert_eq false "$(lockers | jq '.[0].alive')" "a killed holder is gone"
+td ls "rados://$POOL"
+grep -qE "^$TAG-disk .* client\.[0-9]+ \(gone\)" "$OUT" || fail "ls does not show a gone holder: $(cat "$OUT")"
 td lock break "$IMG"
 grep -q "^Fenced client\." "$OUT" || fail "lock break printed: $(cat "$OUT")"
 assert_eq "[]" "$(lockers | jq -c .)" "lockers after lock break"
@@ -116,6 +125,9 @@ C=$SERVER_PID
 td_fails "is alive.*--force" "lock break of a live holder" lock break "$IMG"
 stop_server "$C" c
 assert_eq "[]" "$(lockers | jq -c .)" "lockers after a clean stop"
+td ls --output=json "rados://$POOL"
+assert_eq null "$(jq -c --arg n "$TAG-disk" '.[] | select(.name == $n) | .lock' "$OUT")" \
+  "the lock in ls after a clean stop"
 io_ok thindisk "$IMG" "write -P 0x55 64k 4k"
 td io -r -c "read -P 0x33 0 64k" -c "read -P 0x55 64k 4k" "$IMG"
 
