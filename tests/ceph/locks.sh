@@ -3,13 +3,14 @@
 # 4; io/rados_lock.h), judged from outside: `rados` shows the cls lock and
 # the watches, qemu-io (a client no one here wrote) writes through a served
 # image, and the bytes that land are read back out of the pool.
-#   1. a writer (thindisk serve) holds the lock; every other writer (io,
-#      resize, snapshot, convert onto it, rm) is refused naming the holder,
-#      and nothing changes; readers are allowed.
+#   1. a writer (thindisk serve) holds the lock; every other writer (a
+#      second serve, io, resize, snapshot, convert onto it, rm) is refused
+#      naming the holder, and nothing changes; readers are allowed.
 #   2. lock ls shows the holder alive; lock break refuses it without --force.
 #   3. a holder that is paused (SIGSTOP: a hung host) loses its watch; the
 #      next writer fences it and takes the image; when the paused holder
-#      resumes, its writes fail and never land.
+#      resumes, the writes its clients queued while it was paused, and any
+#      later one, fail and never land.
 #   4. a holder killed with SIGKILL: lock ls shows it gone, lock break
 #      fences it; a clean SIGTERM releases the lock at once.
 #   5. serve --takeover: the serving holder drains, flushes and exits 0, the
@@ -28,6 +29,7 @@ POOL=thindisk
 TAG=l$$
 IMG=rados://$POOL/$TAG-disk
 HEADER=$TAG-disk.header
+QUEUED=()
 rados_() { timeout 60 rados -p "$POOL" "$@"; }
 
 # lockers: the JSON list `thindisk lock ls` prints.
@@ -77,6 +79,9 @@ td ls "rados://$POOL"
 grep -qE "^$TAG-disk .* $holder \(alive\)" "$OUT" || fail "ls does not show the holder: $(cat "$OUT")"
 
 td_fails "in use by $holder" "a second writer (io)" io -c "write -P 0x22 0 4k" "$IMG"
+# A second server on the image (another host's): refused before it listens.
+td_fails "in use by $holder" "a second server" serve -k "$TMP/second.sock" "$IMG"
+[[ ! -S $TMP/second.sock ]] || fail "the refused second server left a socket"
 td_fails "in use by $holder" "resize while served" resize "$IMG" 128M
 td_fails "in use by $holder" "snapshot -c while served" snapshot -c s1 "$IMG"
 td_fails "in use by $holder" "rm while served" rm "$IMG"
@@ -89,19 +94,36 @@ assert_eq 67108864 "$(jq '."virtual-size"' "$OUT")" "size after the refused resi
 td io -r -c "read -P 0x11 0 64k" "$IMG"
 ok nbdinfo --size "nbd+unix:///?socket=$sock"
 
-log "a paused holder is fenced and its late writes fail"
+log "a paused holder is fenced and its queued and late writes fail"
 kill -STOP "$A"
+# Writes a guest sends while its server is paused (a hung host) queue in the
+# socket: three of them, each with a flush, that must all fail on resume.
+for off in 0 1M 2M; do
+  timeout 120 "$QEMU_IO" -f raw -c "write -P 0x44 $off 64k" -c flush \
+    "nbd+unix:///?socket=$sock" >"queued-$off.out" 2>&1 &
+  QUEUED+=($!)
+done
 wait_watch_gone
-td io -c "write -P 0x33 0 64k" "$IMG"
+td io -c "write -P 0x33 0 64k" -c "write -P 0x33 1M 64k" -c "write -P 0x33 2M 64k" "$IMG"
 grep -q "fenced $holder" "$ERR" || fail "the new writer did not say it fenced $holder: $(cat "$ERR")"
 assert_eq "[]" "$(lockers | jq -c .)" "lockers after the new writer closed"
 kill -CONT "$A"
-# The resumed holder still serves; a write through it must fail and not land.
+for q in "${QUEUED[@]}"; do wait "$q" || true; done  # judged by what they printed
+for off in 0 1M 2M; do
+  grep -qi 'write failed' "queued-$off.out" ||
+    fail "a write queued at the paused holder (at $off) did not fail: $(cat "queued-$off.out")"
+done
+# The resumed holder still serves; a new write through it must fail too.
 capture timeout 60 "$QEMU_IO" -f raw -c "write -P 0x44 0 64k" "nbd+unix:///?socket=$sock"
 if ((RC == 0)) && ! grep -qiE 'error|failed' "$OUT" "$ERR"; then
   fail "a fenced holder accepted a write: $(cat "$OUT" "$ERR")"
 fi
-assert_eq 33 "$(read_at 0)" "the first byte after the fenced holder's write"
+# None landed: the new writer's bytes everywhere.
+td convert -O raw "$IMG" "$TMP/now.raw"
+for off in 0 1048576 2097152; do
+  assert_eq 33 "$(od -An -tx1 -j "$off" -N1 "$TMP/now.raw" | tr -d ' ')" \
+    "the byte at $off after the fenced holder's writes"
+done
 kill_server "$A" KILL
 grep -q "fenced (blocklisted)" a.err || fail "the fenced server did not log why it failed: $(cat a.err)"
 
