@@ -15,6 +15,9 @@
 #      the next server verifies the whole history. At the end the image is
 #      verified through a fresh server, copied out with convert (qemu-img
 #      check of the copy, and the copy verified too), repaired, clean.
+#   1b. `serve --takeover` while the writer runs through the old server:
+#      it hands over (drains, flushes, exits 0), and every write the writer
+#      saw flushed is served by the new one.
 #   2. The OSD stopped (a clean TERM: memstore saves its objects and loads
 #      them at start, scripts/ceph-cluster.sh stop-osd/start-osd) for 3 s,
 #      and paused (SIGSTOP, a hung OSD) for 3 s, while the writer runs
@@ -215,6 +218,35 @@ verify copy.sock disk.log "the copy out of the pool"
 stop_server "$SERVER_PID" copy
 "$TD" check -r leaks "$IMG" >repair.out 2>&1 || { cat repair.out >&2; fail "repair of $IMG"; }
 "$TD" check "$IMG" >tcheck.out 2>&1 || { cat tcheck.out >&2; fail "$IMG not clean after repair"; }
+
+# ---- 1b. serve --takeover under a writing workload ----------------------------
+
+# The live-migration hand-off while the writer runs at QD16 through the old
+# server: it drains, flushes and exits 0, the writer's connection ends, and
+# the new server serves every write the writer saw flushed.
+log "takeover under a writing workload"
+serve_unix ta ta.sock "$IMG"
+TA=$SERVER_PID
+acks_start=$(count '^A' disk.log)
+start_writer ta.sock disk.log 100000
+sleep 0.5
+acks_before=$(($(count '^A' disk.log) - acks_start))
+serve_unix tb tb.sock --takeover "$IMG"
+TB=$SERVER_PID
+wait_exit "$TA" "the server handing over" "the takeover"
+assert_eq 0 "$STOP_RC" "exit status of the server that handed over"
+grep -q "handing the image over" ta.err || fail "the old server did not say it handed over: $(cat ta.err)"
+wait_writer
+case $CRC in
+  0 | 3) ;; # done, or cut by the hand-off
+  *) cat client.err >&2; fail "the writer exited $CRC across the takeover" ;;
+esac
+((acks_before > 0)) || fail "no write was acknowledged before the takeover"
+verify tb.sock disk.log "after the takeover: the writes flushed through the old server"
+stop_server "$TB" tb
+checked "$IMG" "after the takeover"
+echo "takeover: $acks_before writes acknowledged before it," \
+  "$(($(count '^A' disk.log) - acks_start)) through the old server in all, writer exit $CRC"
 "$TD" rm -q "$IMG"
 
 # ---- 2. the OSD stopped and paused -------------------------------------------
