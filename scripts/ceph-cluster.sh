@@ -95,11 +95,13 @@ stop_cluster() {
 # port_free PORT: nothing accepts connections on 127.0.0.1:PORT.
 port_free() { ! (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null; }
 
-# pick_ports: sets MON_V2 and MON_V1 to two free ports in 20000-59999.
+# pick_ports: sets MON_V2 and MON_V1 to two free ports in 20000-32699,
+# below Linux's ephemeral range (32768-60999 by default), so no client's
+# outgoing connection can take one between the pick and the mon's bind.
 pick_ports() {
   local i p
   for ((i = 0; i < 50; i++)); do
-    p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+    p=$((20000 + (RANDOM * 32768 + RANDOM) % 12700))
     if port_free "$p" && port_free $((p + 1)); then
       MON_V2=$p MON_V1=$((p + 1))
       return 0
@@ -188,8 +190,14 @@ start_mon() {
       die "ceph-mon --mkfs failed"
     # Daemons get no terminal and none of our pipes (ctest waits for its
     # pipes to close): their stray stderr goes to a log of its own.
-    ceph-mon -i a -c "$CONF" </dev/null >>"$DIR/log/daemons.out" 2>&1 ||
-      die "ceph-mon failed to start"
+    # A mon that cannot bind may exit before it daemonizes: another try,
+    # on other ports, as for one that dies just after.
+    if ! ceph-mon -i a -c "$CONF" </dev/null >>"$DIR/log/daemons.out" 2>&1; then
+      log "ceph-mon exited at start on ports $MON_V2/$MON_V1 (attempt $attempt)"
+      log_tail mon.a
+      tail -n 5 "$DIR/log/daemons.out" 2>/dev/null | sed 's/^/  | /' >&2 || true
+      continue
+    fi
     # The mon daemonizes; it dies soon if it cannot bind its ports.
     if wait_pid_file mon.a && sleep 0.3 && ours "$(<"$DIR/run/mon.a.pid")"; then
       return 0
