@@ -33,24 +33,16 @@ class PoolScratch final : public Scratch {
   // with the overlay's conf and id (block/open.h).
   std::string BackingName(const std::string& key) const override { return prefix_ + key; }
 
-  // As `thindisk create rados://...` (cli/image_create.cc): the header
-  // object first, exclusive (an image that exists is refused, never
-  // overwritten), then the format through the storage; a failure after the
+  // As `thindisk create rados://...` makes it (io::CreateRadosFormatted):
+  // an image that exists is refused, never overwritten; a failure after the
   // header removes the image again.
   Status CreateImage(const std::string& key,
                      const qcow2::CreateOptions& layout) override {
-    const std::string name = Name(key);
-    TD_RETURN_IF_ERROR(io::CreateRados(name, 0));
+    TD_RETURN_IF_ERROR(io::CreateRadosFormatted(
+        Name(key), uint64_t(1) << io::RadosHeader::kDefaultObjectOrder,
+        [&](io::Storage& storage) { return qcow2::Create(storage, layout); }));
     made_.insert(key);
-    io::OpenOptions io_options;
-    auto storage = io::OpenRados(name, io_options);
-    Status s = storage.status();
-    if (s.ok()) s = qcow2::Create(**storage, layout);
-    if (s.ok()) s = (*storage)->Flush();
-    if (storage) storage->reset();  // releases the image's lock before any remove
-    if (s.ok()) return s;
-    if (io::RemoveRados(name).ok()) made_.erase(key);
-    return s.WithContext(name);
+    return Status::Ok();
   }
 
   Result<std::unique_ptr<block::Device>> Open(

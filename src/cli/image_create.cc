@@ -42,23 +42,14 @@ Status CreateRadosImage(const std::string& name, const CreatePlan& plan) {
                                    " is not a multiple of the cluster size " +
                                    std::to_string(plan.qcow2.cluster_size));
   }
-  Status made = io::CreateRados(name, 0, object_size);
+  std::string warning;
+  Status made = io::CreateRadosFormatted(
+      name, object_size, [&](io::Storage& storage) { return WriteImage(storage, plan, &warning); });
   if (made.code() == Code::kBusy) {
     return Status(Code::kBusy, made.message() + " (remove it first: thindisk rm " + name + ")",
                   EEXIST);
   }
   TD_RETURN_IF_ERROR(made);
-  io::OpenOptions io_options;
-  auto storage = io::OpenRados(name, io_options);
-  std::string warning;
-  Status s = storage.status();
-  if (s.ok()) s = WriteImage(**storage, plan, &warning);
-  if (s.ok()) s = (*storage)->Flush();
-  if (storage) storage->reset();
-  if (!s.ok()) {
-    (void)io::RemoveRados(name);
-    return s.WithContext(name);
-  }
   if (!warning.empty()) PrintWarning(warning);
   return Status::Ok();
 }

@@ -177,6 +177,19 @@ Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
   return std::unique_ptr<Storage>(std::move(storage));
 }
 
+Status CreateRadosFormatted(const std::string& name, uint64_t object_size,
+                            const std::function<Status(Storage&)>& format) {
+  TD_RETURN_IF_ERROR(CreateRados(name, 0, object_size));
+  auto storage = OpenRados(name, OpenOptions{});
+  Status s = storage.status();
+  if (s.ok()) s = format(**storage);
+  if (s.ok()) s = (*storage)->Flush();
+  if (storage) storage->reset();  // releases the image's lock before the remove
+  if (s.ok()) return s;
+  (void)RemoveRados(name);
+  return s.WithContext(name);
+}
+
 Status RemoveRados(const std::string& name) {
   auto pool = Connect(ParseRadosName(name));
   if (!pool) return pool.error();

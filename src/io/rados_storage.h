@@ -60,6 +60,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -81,6 +82,14 @@ namespace thindisk::io {
 Status CreateRados(const std::string& name, uint64_t size,
                    uint64_t object_size = uint64_t(1)
                                           << RadosHeader::kDefaultObjectOrder);
+
+// Creates image `name` as CreateRados does (its errors, kBusy for one that
+// exists, are returned as they are), then writes its format with `format`
+// through a read-write open of it, flushes and closes it. A failure after
+// the header object was made removes the image again and is returned with
+// the name as context. (`thindisk create` and `bench` on a pool.)
+Status CreateRadosFormatted(const std::string& name, uint64_t object_size,
+                            const std::function<Status(Storage&)>& format);
 
 // Opens an existing image. options.read_only refuses writes; options.create
 // creates a missing image (size 0, 4 MiB objects) and with exclusive fails
