@@ -45,6 +45,8 @@
 # tests/ceph/fixture.sh) and the ceph daemons for the second one.
 # shellcheck source=../serve/lib.sh source-path=SCRIPTDIR
 source "$(dirname "$0")/../serve/lib.sh"
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
 require_tool qemu-img rados jq ceph ceph-mon ceph-osd monmaptool
 require_client CRASH_CLIENT
@@ -59,7 +61,6 @@ RANDOM=$((SEED & 0x7fffffff)) # the script's own choices follow the seed too
 
 POOL=thindisk
 TAG=f$$ # names no other run uses: the pool outlives a failed run
-rados_() { timeout 60 rados -p "$POOL" "$@"; }
 
 # A 4 GiB image written in five 1 MiB zones (memstore holds the data in
 # RAM): the start, across the first L2 boundary, an unaligned spot, the
@@ -97,23 +98,6 @@ verify() {
   timeout 120 "$CRASH_CLIENT" verify "$(uri "$1")" "$2" "$SEED" "$ZONES" >verify.out 2>verify.err ||
     rc=$?
   ((rc == 0)) || { cat verify.err >&2; fail "$3 (log $2; verify exited $rc, 124: no answer in 120 s)"; }
-}
-
-# watched HEADER: the header object has a watcher (a rados error fails).
-watched() {
-  local w
-  w=$(rados_ listwatchers "$1" 2>&1) || fail "rados listwatchers $1: $w"
-  [[ $w == *watcher* ]]
-}
-
-# wait_watch_gone HEADER: the header object has no watcher left (60 s).
-wait_watch_gone() {
-  local i
-  for ((i = 0; i < 240; i++)); do
-    watched "$1" || return 0
-    sleep 0.25
-  done
-  fail "the watch of a killed holder of $1 is still registered after 60 s"
 }
 
 # start_writer SOCKET LOG OPS: crash_client run at QD16 in the background

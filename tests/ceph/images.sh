@@ -18,6 +18,8 @@
 #
 # Needs the test cluster (CEPH_CONF; ctest starts it: tests/ceph/fixture.sh).
 source "$(dirname "$0")/../interop/lib.sh"
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
 require_thindisk
 require_tool "$QEMU_IMG" "$QEMU_IO" rados nbdinfo nbdcopy jq
@@ -203,7 +205,6 @@ assert_absent busy.qcow2 "rm of a local image"
 # thindisk, an RBD image named as rados://, no cluster at all. Each is one
 # clear line and a non-zero exit, and nothing in the pool changes.
 log "bad input"
-rados_() { timeout 60 rados -p "$POOL" "$@"; }
 printf 'not a header at all' >junk.header
 rados_ put "$TAG-junk.header" junk.header
 td_fails "not a thindisk image" "a header object that is not thindisk's" info "$(img junk)"

@@ -18,6 +18,8 @@
 #      exports refuses, and keeps serving.
 # The test cluster's watch timeout is 5 s (scripts/ceph-cluster.sh).
 source "$(dirname "$0")/../interop/lib.sh"
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
 require_thindisk
 require_tool "$QEMU_IMG" "$QEMU_IO" rados nbdinfo jq
@@ -30,23 +32,11 @@ TAG=l$$
 IMG=rados://$POOL/$TAG-disk
 HEADER=$TAG-disk.header
 QUEUED=()
-rados_() { timeout 60 rados -p "$POOL" "$@"; }
 
 # lockers: the JSON list `thindisk lock ls` prints.
 lockers() {
   td lock ls --output=json "$IMG"
   cat "$OUT"
-}
-
-# wait_watch_gone: the header has no watcher left (at most 60 s; the
-# timeout is 5 s, the OSD checks it every few seconds).
-wait_watch_gone() {
-  local i
-  for ((i = 0; i < 120; i++)); do
-    rados_ listwatchers "$HEADER" | grep -q watcher || return 0
-    sleep 0.5
-  done
-  fail "the watch of a stopped holder is still registered after 60 s"
 }
 
 # read_at OFFSET: the first byte at OFFSET of the image, read out of the
@@ -103,7 +93,7 @@ for off in 0 1M 2M; do
     "nbd+unix:///?socket=$sock" >"queued-$off.out" 2>&1 &
   QUEUED+=($!)
 done
-wait_watch_gone
+wait_watch_gone "$HEADER"
 td io -c "write -P 0x33 0 64k" -c "write -P 0x33 1M 64k" -c "write -P 0x33 2M 64k" "$IMG"
 grep -q "fenced $holder" "$ERR" || fail "the new writer did not say it fenced $holder: $(cat "$ERR")"
 assert_eq "[]" "$(lockers | jq -c .)" "lockers after the new writer closed"
@@ -131,7 +121,7 @@ log "a killed holder: lock ls and lock break"
 serve_unix b "$TMP/b.sock" "$IMG"
 B=$SERVER_PID
 kill_server "$B" KILL
-wait_watch_gone
+wait_watch_gone "$HEADER"
 assert_eq false "$(lockers | jq '.[0].alive')" "a killed holder is gone"
 td ls "rados://$POOL"
 grep -qE "^$TAG-disk .* client\.[0-9]+ \(gone\)" "$OUT" || fail "ls does not show a gone holder: $(cat "$OUT")"
