@@ -16,6 +16,8 @@ PACKAGES=(
   librados-dev libradospp-dev
   # librbd: existing RBD images (rbd:POOL/IMAGE, io::RbdStorage)
   librbd-dev
+  # TLS on the NBD server (src/nbd/tls*): GnuTLS, and certtool for the tests' throwaway CA
+  libgnutls28-dev gnutls-bin
   # the tools our interop tests judge us by
   qemu-utils libnbd-bin fio nbdkit jq
   # the throwaway one-node Ceph cluster of the RADOS tests (scripts/ceph-cluster.sh):

@@ -1,13 +1,10 @@
 #include "nbd/connection.h"
 
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
 
-#include "nbd/fd_io.h"
 #include "util/endian.h"
 
 namespace thindisk::nbd {
@@ -98,6 +95,7 @@ Connection::Connection(int in_fd, int out_fd, const std::vector<Export>* exports
                        EnterTransmission enter_transmission)
     : in_fd_(in_fd),
       out_fd_(out_fd),
+      transport_(std::make_unique<FdTransport>(in_fd, out_fd, cancel_fd)),
       exports_(exports),
       pool_(pool),
       cancel_fd_(cancel_fd),
@@ -126,16 +124,19 @@ Status Connection::ReadInto(std::vector<uint8_t>* buf, size_t need) {
   const size_t have = buf->size();
   if (need <= have) return Status::Ok();
   buf->resize(need);
-  return ReadExact(in_fd_, std::span<uint8_t>(*buf).subspan(have), cancel_fd_);
+  return transport_->ReadExact(std::span<uint8_t>(*buf).subspan(have));
 }
 
 Status Connection::Negotiate() {
   // 1. Greeting and client flags.
-  TD_RETURN_IF_ERROR(WriteAll(out_fd_, EncodeGreeting()));
+  TD_RETURN_IF_ERROR(transport_->WriteAll(EncodeGreeting()));
   std::vector<uint8_t> buf;
   TD_RETURN_IF_ERROR(ReadInto(&buf, kClientFlagsSize));
   TD_ASSIGN_OR_RETURN(Decoded<ClientFlags> flags, DecodeClientFlags(buf));
-  Negotiator negotiator(exports_, *flags.message, shutting_down_);
+  TlsPolicy tls;
+  tls.offered = options_.tls != nullptr;
+  tls.required = tls.offered && options_.tls->mode() == TlsMode::kRequire;
+  Negotiator negotiator(exports_, *flags.message, shutting_down_, tls);
   // 2. Options until one ends the haggling. The decoder says how many bytes
   //    it needs; an oversize length is refused on the header alone.
   for (;;) {
@@ -147,7 +148,7 @@ Status Connection::Negotiate() {
         if (r.error().code() == Code::kOutOfRange && buf.size() >= kOptionHeaderSize) {
           // Tell the client why, then hang up: skipping up to 4 GiB of
           // option data for a client behaving like this is not worth it.
-          (void)WriteAll(out_fd_, EncodeOptionError(LoadBe32(buf.data() + 8),
+          (void)transport_->WriteAll(EncodeOptionError(LoadBe32(buf.data() + 8),
                                                     kRepErrTooBig, r.error().message()));
         }
         return r.error();
@@ -164,7 +165,7 @@ Status Connection::Negotiate() {
     if (step.next == Negotiator::Next::kTransmission && enter_transmission_ &&
         !enter_transmission_())
       return Status::Busy("dropped before transmission");
-    Status wrote = step.reply.empty() ? Status::Ok() : WriteAll(out_fd_, step.reply);
+    Status wrote = step.reply.empty() ? Status::Ok() : transport_->WriteAll(step.reply);
     // After NBD_OPT_ABORT a client need not wait for the ack (proto.md):
     // one that hung up already (libnbd's nbdinfo --list does) ended the
     // session as it meant to, which is no error to log.
@@ -172,6 +173,16 @@ Status Connection::Negotiate() {
       return Status::NotFound("client ended negotiation");
     TD_RETURN_IF_ERROR(wrote);
     if (step.next == Negotiator::Next::kTransmission) break;
+    if (step.next == Negotiator::Next::kStartTls) {
+      // Nothing read ahead survives: bytes the client sent after STARTTLS
+      // are the TLS handshake's, or garbage to it, never plaintext options.
+      std::string peer;
+      TD_ASSIGN_OR_RETURN(transport_,
+                          options_.tls->Handshake(in_fd_, out_fd_, cancel_fd_, &peer));
+      // A new negotiation inside TLS: nothing chosen before it survives.
+      tls.active = true;
+      negotiator = Negotiator(exports_, *flags.message, shutting_down_, tls);
+    }
   }
   // 3. Fix what transmission needs.
   export_ = &negotiator.chosen_export();
@@ -192,8 +203,8 @@ Status Connection::Buffer(size_t need) {
     rend_ -= rpos_;
     rpos_ = 0;
   }
-  Result<size_t> n = ReadAtLeast(in_fd_, std::span<uint8_t>(rbuf_).subspan(rend_),
-                                 need - rend_, cancel_fd_);
+  Result<size_t> n =
+      transport_->ReadAtLeast(std::span<uint8_t>(rbuf_).subspan(rend_), need - rend_);
   if (!n.has_value()) {
     if (n.error().code() == Code::kNotFound && rend_ > 0)
       return Status(Code::kIoError, "connection closed mid-message");
@@ -209,7 +220,7 @@ Status Connection::TakeInto(std::span<uint8_t> out) {
   rpos_ += have;
   std::span<uint8_t> rest = out.subspan(have);
   if (rest.empty()) return Status::Ok();
-  if (rest.size() > rbuf_.size() / 2) return ReadExact(in_fd_, rest, cancel_fd_);
+  if (rest.size() > rbuf_.size() / 2) return transport_->ReadExact(rest);
   TD_RETURN_IF_ERROR(Buffer(rest.size()));
   std::memcpy(rest.data(), rbuf_.data() + rpos_, rest.size());
   rpos_ += rest.size();
@@ -219,7 +230,7 @@ Status Connection::TakeInto(std::span<uint8_t> out) {
 Status Connection::Drop(uint64_t length) {
   const size_t have = size_t(std::min<uint64_t>(length, rend_ - rpos_));
   rpos_ += have;
-  return Skip(in_fd_, length - have, cancel_fd_);
+  return transport_->Skip(length - have);
 }
 
 bool Connection::RunInline(const Request& r) const {
@@ -476,7 +487,7 @@ void Connection::Send(OutgoingReply reply, size_t cost) {
   size_t sent = 0;
   Status error;
   while (sent < total) {
-    Result<size_t> n = TrySendV(out_fd_, iov);
+    Result<size_t> n = transport_->TrySendV(iov);
     if (!n.has_value()) {
       error = n.error();
       break;
@@ -504,7 +515,7 @@ void Connection::Send(OutgoingReply reply, size_t cost) {
   if (!error.ok()) {
     Log("nbd: cannot send reply: " + error.message());
     // Wake the reader if out_fd_ is a socket: there is no one to answer.
-    (void)shutdown(out_fd_, SHUT_RDWR);
+    transport_->Shutdown();
   }
   Release(cost);  // last: afterwards Run() may return and destroy *this
 }
@@ -526,7 +537,7 @@ void Connection::WriterLoop() {
     std::vector<iovec> iov;
     for (const Queued& q : batch) q.reply.AppendIovecs(&iov);
     AdvanceIov(&iov, batch.front().sent);
-    Status s = failed ? Status::Ok() : WriteAllV(out_fd_, iov);
+    Status s = failed ? Status::Ok() : transport_->WriteAllV(iov);
     {
       std::lock_guard<std::mutex> lock(write_mu_);
       sending_ = false;
@@ -538,7 +549,7 @@ void Connection::WriterLoop() {
     if (!s.ok()) {
       Log("nbd: cannot send reply: " + s.message());
       // Wake the reader if out_fd_ is a socket: there is no one to answer.
-      (void)shutdown(out_fd_, SHUT_RDWR);
+      transport_->Shutdown();
     }
     for (const Queued& q : batch) Release(q.cost);
   }

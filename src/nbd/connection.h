@@ -1,8 +1,10 @@
 // Connection: one NBD client session over a pair of file descriptors.
 //
 // A connection is just (in_fd, out_fd): a socket twice, stdin/stdout, or an
-// accepted socket-activated socket; tests use a socketpair. Run() performs
-// the handshake (negotiation.h) and then the transmission phase:
+// accepted socket-activated socket; tests use a socketpair. It reads and
+// writes them through a Transport (transport.h): the descriptors as they
+// are, or the TLS session NBD_OPT_STARTTLS starts on them (tls.h). Run()
+// performs the handshake (negotiation.h) and then the transmission phase:
 //
 //  - the calling thread (the reader) reads requests through a read-ahead
 //    buffer (one recv often brings several requests), validates each once
@@ -63,9 +65,11 @@
 #include <vector>
 
 #include "nbd/export.h"
-#include "nbd/payload_buffer.h"
 #include "nbd/negotiation.h"
+#include "nbd/payload_buffer.h"
+#include "nbd/tls.h"
 #include "nbd/transmission_codec.h"
+#include "nbd/transport.h"
 #include "nbd/worker_pool.h"
 
 namespace thindisk::nbd {
@@ -90,6 +94,8 @@ struct ConnectionOptions {
   std::chrono::microseconds slow_write{200};
   // Receives one line per notable event (client gone, protocol violation).
   std::function<void(const std::string&)> log;
+  // TLS (NBD_OPT_STARTTLS) when set: offered, or required (tls.h).
+  std::shared_ptr<const TlsServer> tls;
 };
 
 // An encoded reply waiting to be sent: small headers and, for READ, the
@@ -172,6 +178,8 @@ class Connection {
 
   const int in_fd_;
   const int out_fd_;
+  // Plain until STARTTLS replaces it (negotiation, before the writer runs).
+  std::unique_ptr<Transport> transport_;
   const std::vector<Export>* exports_;
   WorkerPool* pool_;
   const int cancel_fd_;

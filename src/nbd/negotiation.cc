@@ -23,8 +23,11 @@ MetaContexts Match(const std::string& query, bool namespace_ok) {
 }  // namespace
 
 Negotiator::Negotiator(const std::vector<Export>* exports, ClientFlags client_flags,
-                       const std::atomic<bool>* shutting_down)
-    : exports_(exports), client_flags_(client_flags), shutting_down_(shutting_down) {}
+                       const std::atomic<bool>* shutting_down, TlsPolicy tls)
+    : exports_(exports),
+      client_flags_(client_flags),
+      shutting_down_(shutting_down),
+      tls_(tls) {}
 
 uint16_t Negotiator::transmission_flags() const {
   return TransmissionFlags(chosen_->effective_read_only(), structured_replies_);
@@ -46,6 +49,11 @@ Negotiator::Step Negotiator::Handle(const Option& opt) {
                 code, kRepErrPolicy,
                 "too many options (limit " + std::to_string(MaxOptions()) + "); closing"),
             Next::kClose};
+  }
+  if (tls_.required && !tls_.active && code != kOptStartTls) {
+    if (code == kOptExportName) return {{}, Next::kClose};  // it has no error reply
+    return {EncodeOptionError(code, kRepErrTlsReqd,
+                              "TLS is required: send NBD_OPT_STARTTLS first")};
   }
   if (code == kOptExportName) {
     // Cannot answer with an error: the spec says terminate the session.
@@ -74,7 +82,9 @@ Negotiator::Step Negotiator::Handle(const Option& opt) {
     case kOptListMetaContext:
     case kOptSetMetaContext:
       return HandleMetaContext(opt);
-    default:  // STARTTLS (no TLS here), EXTENDED_HEADERS and unknown options
+    case kOptStartTls:
+      return HandleStartTls(opt);
+    default:  // EXTENDED_HEADERS and unknown options
       return {EncodeOptionError(code, kRepErrUnsup,
                                 "option " + std::to_string(code) + " is not supported")};
   }
@@ -86,6 +96,16 @@ Negotiator::Step Negotiator::HandleList(const Option& opt) {
     Append(&out, EncodeRepServer(opt.code, e.name, e.description));
   Append(&out, EncodeOptionReply(opt.code, kRepAck));
   return {std::move(out)};
+}
+
+Negotiator::Step Negotiator::HandleStartTls(const Option& opt) {
+  if (!tls_.offered)
+    return {EncodeOptionError(opt.code, kRepErrUnsup, "TLS is not configured on this server")};
+  if (tls_.active)
+    return {EncodeOptionError(opt.code, kRepErrInvalid, "TLS is already active")};
+  if (opt.length != 0)
+    return {EncodeOptionError(opt.code, kRepErrInvalid, "NBD_OPT_STARTTLS takes no data")};
+  return {EncodeOptionReply(opt.code, kRepAck), Next::kStartTls};
 }
 
 Negotiator::Step Negotiator::HandleInfoOrGo(const Option& opt) {

@@ -14,7 +14,15 @@
 //  - Metadata contexts "base:allocation" and "qemu:allocation-depth"; LIST
 //    also accepts the namespace queries "base:" and "qemu:"; SET needs exact
 //    names. Both need NBD_OPT_STRUCTURED_REPLY first (else ERR_INVALID).
-//  - NBD_OPT_STARTTLS and every unknown option: NBD_REP_ERR_UNSUP.
+//  - NBD_OPT_STARTTLS (doc/proto.md "TLS support"), as TlsPolicy says: not
+//    offered -> NBD_REP_ERR_UNSUP; with data, or once TLS is active ->
+//    NBD_REP_ERR_INVALID; else an ack and Next::kStartTls: the connection
+//    runs the TLS handshake and continues with a new Negotiator, so no
+//    option state from before TLS survives it.
+//  - TLS required and not active yet: every option but STARTTLS and ABORT
+//    gets NBD_REP_ERR_TLS_REQD, and NBD_OPT_EXPORT_NAME (which has no error
+//    reply) ends the session.
+//  - Every unknown option: NBD_REP_ERR_UNSUP.
 //  - While the server shuts down, every option but ABORT gets
 //    NBD_REP_ERR_SHUTDOWN.
 //  - At most MaxOptions() options per session (kMaxOptionsPerSession plus
@@ -52,9 +60,16 @@ struct MetaContexts {
   bool any() const { return base_allocation || allocation_depth; }
 };
 
+// What the server does about TLS on this connection.
+struct TlsPolicy {
+  bool offered = false;   // STARTTLS is accepted (TLS credentials are loaded)
+  bool required = false;  // nothing else is, before TLS
+  bool active = false;    // this negotiation runs inside TLS already
+};
+
 class Negotiator {
  public:
-  enum class Next { kContinue, kTransmission, kClose };
+  enum class Next { kContinue, kTransmission, kClose, kStartTls };
   struct Step {
     Bytes reply;  // send this (may be empty)
     Next next = Next::kContinue;
@@ -62,7 +77,7 @@ class Negotiator {
 
   // `exports` and `shutting_down` must outlive the Negotiator.
   Negotiator(const std::vector<Export>* exports, ClientFlags client_flags,
-             const std::atomic<bool>* shutting_down);
+             const std::atomic<bool>* shutting_down, TlsPolicy tls = {});
 
   Step Handle(const Option& option);
   // How many options this session may send (see Policy above).
@@ -79,10 +94,12 @@ class Negotiator {
   Step HandleInfoOrGo(const Option& option);
   Step HandleMetaContext(const Option& option);
   Step HandleList(const Option& option);
+  Step HandleStartTls(const Option& option);
 
   const std::vector<Export>* exports_;
   ClientFlags client_flags_;
   const std::atomic<bool>* shutting_down_;
+  TlsPolicy tls_;
   const Export* chosen_ = nullptr;
   bool structured_replies_ = false;
   MetaContexts contexts_;

@@ -201,6 +201,59 @@ TEST_F(NegotiationTest, UnsupportedAndUnknownOptions) {
   }
 }
 
+// doc/proto.md "TLS support": with TLS required, nothing but STARTTLS and
+// ABORT before TLS; EXPORT_NAME, which cannot carry an error, ends it.
+TEST_F(NegotiationTest, TlsRequiredRefusesEverythingButStartTls) {
+  const TlsPolicy required{/*offered=*/true, /*required=*/true, /*active=*/false};
+  for (uint32_t code : {kOptList, kOptPeekExport, kOptInfo, kOptGo, kOptStructuredReply,
+                        kOptListMetaContext, kOptSetMetaContext, kOptExtendedHeaders, 0xdeadu}) {
+    Negotiator n(&exports_, ClientFlags{true, false}, &shutting_down_, required);
+    const Bytes data = code == kOptGo || code == kOptInfo ? GoData("disk") : Bytes{};
+    auto step = n.Handle(Opt(code, data));
+    EXPECT_EQ(step.next, Negotiator::Next::kContinue) << code;
+    auto r = Replies(step.reply);
+    ASSERT_EQ(r.size(), 1u) << code;
+    EXPECT_EQ(r[0].option, code);
+    EXPECT_EQ(r[0].type, kRepErrTlsReqd) << code;
+    EXPECT_FALSE(r[0].data.empty());  // a message for humans
+  }
+  Negotiator n(&exports_, ClientFlags{true, false}, &shutting_down_, required);
+  auto name = n.Handle(Opt(kOptExportName, Bytes{'d', 'i', 's', 'k'}));
+  EXPECT_EQ(name.next, Negotiator::Next::kClose);
+  EXPECT_TRUE(name.reply.empty());  // no export data before TLS
+  Negotiator a(&exports_, ClientFlags{true, false}, &shutting_down_, required);
+  EXPECT_EQ(a.Handle(Opt(kOptAbort)).next, Negotiator::Next::kClose);
+  Negotiator t(&exports_, ClientFlags{true, false}, &shutting_down_, required);
+  auto start = t.Handle(Opt(kOptStartTls));
+  EXPECT_EQ(start.next, Negotiator::Next::kStartTls);
+  auto r = Replies(start.reply);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].type, kRepAck);
+}
+
+TEST_F(NegotiationTest, StartTlsWithDataOrTwiceIsInvalid) {
+  Negotiator n(&exports_, ClientFlags{true, false}, &shutting_down_, TlsPolicy{true, true, false});
+  auto with_data = n.Handle(Opt(kOptStartTls, {1}));
+  EXPECT_EQ(with_data.next, Negotiator::Next::kContinue);
+  EXPECT_EQ(Replies(with_data.reply)[0].type, kRepErrInvalid);
+  // Inside TLS: a second STARTTLS is invalid, and everything else works.
+  Negotiator in_tls(&exports_, ClientFlags{true, false}, &shutting_down_,
+                    TlsPolicy{true, true, true});
+  auto again = in_tls.Handle(Opt(kOptStartTls));
+  EXPECT_EQ(again.next, Negotiator::Next::kContinue);
+  EXPECT_EQ(Replies(again.reply)[0].type, kRepErrInvalid);
+  EXPECT_EQ(in_tls.Handle(Opt(kOptGo, GoData("disk"))).next, Negotiator::Next::kTransmission);
+}
+
+TEST_F(NegotiationTest, TlsOfferedLeavesPlaintextWorking) {
+  Negotiator n(&exports_, ClientFlags{true, false}, &shutting_down_, TlsPolicy{true, false, false});
+  EXPECT_EQ(Replies(n.Handle(Opt(kOptStructuredReply)).reply)[0].type, kRepAck);
+  EXPECT_EQ(n.Handle(Opt(kOptStartTls)).next, Negotiator::Next::kStartTls);
+  Negotiator plain(&exports_, ClientFlags{true, false}, &shutting_down_,
+                   TlsPolicy{true, false, false});
+  EXPECT_EQ(plain.Handle(Opt(kOptGo, GoData("disk"))).next, Negotiator::Next::kTransmission);
+}
+
 TEST_F(NegotiationTest, MalformedOptionIsInvalid) {
   Negotiator n = Make();
   Bytes bad = GoData("disk");

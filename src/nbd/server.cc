@@ -299,6 +299,7 @@ Status Server::Run() {
     if (fds[1].revents) {
       Drain(wake_fd_);
       ReapFinished(/*all=*/false);
+      if (reload_requested_.exchange(false) && options_.reload) options_.reload();
     }
     for (size_t i = 2; i < fds.size(); ++i)
       if (fds[i].revents & POLLIN) AcceptFrom(fds[i].fd);
@@ -344,6 +345,11 @@ void Server::DrainConnections() {
   }
 }
 
+void Server::RequestReload() {
+  reload_requested_.store(true);
+  Signal(wake_fd_);
+}
+
 void Server::RequestShutdown() {
   shutting_down_.store(true);
   Signal(shutdown_fd_);
@@ -371,11 +377,17 @@ void OnShutdownSignal(int) {
   if (s) s->RequestShutdown();
 }
 
-// Installs the SIGINT/SIGTERM handlers and ignores SIGPIPE for its
-// lifetime, restoring what was there before.
+void OnReloadSignal(int) {
+  Server* s = g_signal_target.load();
+  if (s) s->RequestReload();
+}
+
+// Installs the SIGINT/SIGTERM handlers (and SIGHUP's, with `reload`) and
+// ignores SIGPIPE for its lifetime, restoring what was there before.
 class SignalScope {
  public:
-  SignalScope(Server* server, bool enabled) : enabled_(enabled) {
+  SignalScope(Server* server, bool enabled, bool reload)
+      : enabled_(enabled), reload_(enabled && reload) {
     if (!enabled_) return;
     g_signal_target.store(server);
     struct sigaction sa {};
@@ -383,6 +395,10 @@ class SignalScope {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int_);
     sigaction(SIGTERM, &sa, &old_term_);
+    if (reload_) {
+      sa.sa_handler = OnReloadSignal;
+      sigaction(SIGHUP, &sa, &old_hup_);
+    }
     struct sigaction ign {};
     ign.sa_handler = SIG_IGN;
     sigemptyset(&ign.sa_mask);
@@ -393,13 +409,15 @@ class SignalScope {
     sigaction(SIGINT, &old_int_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
     sigaction(SIGPIPE, &old_pipe_, nullptr);
+    if (reload_) sigaction(SIGHUP, &old_hup_, nullptr);
     g_signal_target.store(nullptr);
   }
 
  private:
   bool enabled_;
+  bool reload_;
   struct sigaction old_int_ {
-  }, old_term_{}, old_pipe_{};
+  }, old_term_{}, old_pipe_{}, old_hup_{};
 };
 
 }  // namespace
@@ -413,6 +431,16 @@ Status RunServer(const ServeOptions& options, std::vector<Export> exports) {
   so.connection.max_inflight_bytes = options.max_inflight_bytes;
   so.connection.inline_cached_writes = options.inline_cached_writes;
   so.connection.log = options.log;
+  if (options.tls) {
+    so.connection.tls = options.tls;
+    so.reload = [tls = options.tls, log = options.log] {
+      Status s = tls->Reload();
+      if (!log) return;
+      log(s.ok() ? "nbd: SIGHUP: TLS credentials reloaded"
+                 : "nbd: SIGHUP: TLS credentials not reloaded, the old ones stay: " +
+                       s.message());
+    };
+  }
   TD_ASSIGN_OR_RETURN(std::unique_ptr<Server> server,
                       Server::Create(std::move(exports), so));
   const bool any = !options.unix_socket.empty() || options.tcp || options.stdio ||
@@ -427,7 +455,7 @@ Status RunServer(const ServeOptions& options, std::vector<Export> exports) {
       return Status::InvalidArgument("socket activation: LISTEN_FDS is not set");
     for (int fd : fds) TD_RETURN_IF_ERROR(server->AdoptListener(fd));
   }
-  SignalScope signals(server.get(), options.handle_signals);
+  SignalScope signals(server.get(), options.handle_signals, options.tls != nullptr);
   if (options.stdio)
     server->AddConnection(STDIN_FILENO, STDOUT_FILENO, /*owns_fds=*/false);
   if (options.on_ready) options.on_ready(*server);

@@ -4,7 +4,8 @@
 //
 //  1. RunServer(options, exports) — what `thindisk serve` calls. It opens
 //     the listeners ServeOptions names, turns SIGINT/SIGTERM into a
-//     graceful shutdown, serves until then (or until the one stdio client,
+//     graceful shutdown (and, with TLS, SIGHUP into a reload of its
+//     credentials), serves until then (or until the one stdio client,
 //     or with `once` the first client, is done) and returns the first error
 //     flushing an export. Errors: kInvalidArgument for bad options or
 //     exports, the listener's error when one cannot be opened.
@@ -95,6 +96,9 @@ struct ServerOptions {
   // requests before cutting their sockets (a client that stops reading
   // replies would otherwise hold shutdown forever).
   std::chrono::milliseconds drain_timeout{30000};
+  // Run() calls it (on its own thread) after RequestReload(): RunServer
+  // re-reads the TLS credentials on SIGHUP through it.
+  std::function<void()> reload;
 };
 
 // The smallest default negotiating cap: room for a burst of real clients
@@ -116,6 +120,9 @@ class Server {
   Status ListenUnix(const std::string& path);
   // port 0 picks a free port; tcp_port() tells which.
   Status ListenTcp(const std::string& host, uint16_t port);
+  // Asks Run() to call options.reload once; async-signal-safe, as
+  // RequestShutdown().
+  void RequestReload();
   // Serves an already-listening socket (socket activation); closes it at the end.
   Status AdoptListener(int fd);
   // Serves one client on (in_fd, out_fd) at once, on its own thread; it is
@@ -187,6 +194,7 @@ class Server {
   // reaps and recomputes what it polls and how long.
   const int wake_fd_;
   std::atomic<bool> shutting_down_{false};
+  std::atomic<bool> reload_requested_{false};
   std::atomic<uint16_t> tcp_port_{0};
   WorkerPool pool_;
 
@@ -217,6 +225,9 @@ struct ServeOptions {
   size_t max_inflight_bytes = 64u << 20;        // per connection
   bool inline_cached_writes = false;  // ConnectionOptions::inline_cached_writes
   std::function<void(const std::string&)> log;  // diagnostics; nullptr: silent
+  // TLS: offered or required on every connection; SIGHUP re-reads its
+  // credentials (logged through `log`).
+  std::shared_ptr<TlsServer> tls;
   // Called once the listeners are open, before serving (pid files, tests).
   std::function<void(Server&)> on_ready;
 };

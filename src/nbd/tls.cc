@@ -1,0 +1,428 @@
+#include "nbd/tls.h"
+
+#include <gnutls/gnutls.h>
+#include <gnutls/x509.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+
+namespace thindisk::nbd {
+namespace {
+
+std::string GnutlsMessage(int r) { return gnutls_strerror(r); }
+
+// A file the credentials need: missing or unreadable is the user's error.
+Status Readable(const std::string& path, const std::string& what) {
+  if (access(path.c_str(), R_OK) == 0) return Status::Ok();
+  return Status::InvalidArgument(path + ": " + std::strerror(errno) + " (" + what + ")");
+}
+
+// A PSK file: `username:hexkey` lines, at least one (GnuTLS reads the file
+// again at each handshake; this only makes a bad file an error at start).
+Status CheckPskFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::InvalidArgument(path + ": " + std::strerror(errno));
+  std::string line;
+  size_t entries = 0;
+  for (size_t n = 1; std::getline(in, line); ++n) {
+    if (line.empty()) continue;
+    const size_t colon = line.find(':');
+    const std::string key = colon == std::string::npos ? "" : line.substr(colon + 1);
+    const bool hex = !key.empty() && key.size() % 2 == 0 &&
+                     std::all_of(key.begin(), key.end(), [](unsigned char c) {
+                       return std::isxdigit(c) != 0;
+                     });
+    if (colon == 0 || colon == std::string::npos || !hex) {
+      return Status::InvalidArgument(path + ":" + std::to_string(n) +
+                                     ": expected username:hexkey (psktool's format)");
+    }
+    ++entries;
+  }
+  if (entries == 0) return Status::InvalidArgument(path + ": no username:hexkey line");
+  return Status::Ok();
+}
+
+}  // namespace
+
+// GnuTLS credentials and the priority they are used with. Immutable after
+// Load: sessions running on old credentials keep them alive.
+class TlsCredentials {
+ public:
+  static Result<std::shared_ptr<const TlsCredentials>> Load(const TlsSettings& s);
+  ~TlsCredentials() {
+    if (x509_) gnutls_certificate_free_credentials(x509_);
+    if (psk_) gnutls_psk_free_server_credentials(psk_);
+    if (priority_) gnutls_priority_deinit(priority_);
+  }
+
+  // Sets this credential's priority and credentials on `session`.
+  int Apply(gnutls_session_t session, bool verify_peer) const {
+    int r = gnutls_priority_set(session, priority_);
+    if (r < 0) return r;
+    if (x509_) {
+      r = gnutls_credentials_set(session, GNUTLS_CRD_CERTIFICATE, x509_);
+      if (r < 0) return r;
+      gnutls_certificate_server_set_request(session,
+                                            verify_peer ? GNUTLS_CERT_REQUIRE : GNUTLS_CERT_IGNORE);
+      if (verify_peer) gnutls_session_set_verify_cert(session, nullptr, 0);
+      return 0;
+    }
+    return gnutls_credentials_set(session, GNUTLS_CRD_PSK, psk_);
+  }
+  bool psk() const { return psk_ != nullptr; }
+
+ private:
+  TlsCredentials() = default;
+  gnutls_certificate_credentials_t x509_ = nullptr;
+  gnutls_psk_server_credentials_t psk_ = nullptr;
+  gnutls_priority_t priority_ = nullptr;
+};
+
+Result<std::shared_ptr<const TlsCredentials>> TlsCredentials::Load(const TlsSettings& s) {
+  std::shared_ptr<TlsCredentials> c(new TlsCredentials);
+  auto fail = [](const std::string& what, int r) {
+    return Status::InvalidArgument(what + ": " + GnutlsMessage(r));
+  };
+  const char* priority = "NORMAL";
+  if (!s.x509_dir.empty()) {
+    const std::string ca = s.x509_dir + "/ca-cert.pem";
+    const std::string cert = s.x509_dir + "/server-cert.pem";
+    const std::string key = s.x509_dir + "/server-key.pem";
+    const std::string crl = s.x509_dir + "/ca-crl.pem";
+    TD_RETURN_IF_ERROR(Readable(cert, "the server's certificate"));
+    TD_RETURN_IF_ERROR(Readable(key, "the server's private key"));
+    if (s.verify_peer) TD_RETURN_IF_ERROR(Readable(ca, "the CA that signs client certificates"));
+    int r = gnutls_certificate_allocate_credentials(&c->x509_);
+    if (r < 0) return fail("TLS credentials", r);
+    if (access(ca.c_str(), R_OK) == 0) {
+      r = gnutls_certificate_set_x509_trust_file(c->x509_, ca.c_str(), GNUTLS_X509_FMT_PEM);
+      if (r < 0) return fail(ca, r);
+      if (r == 0) return Status::InvalidArgument(ca + ": no certificate in it");
+    }
+    if (access(crl.c_str(), F_OK) == 0) {
+      r = gnutls_certificate_set_x509_crl_file(c->x509_, crl.c_str(), GNUTLS_X509_FMT_PEM);
+      if (r < 0) return fail(crl, r);
+    }
+    r = gnutls_certificate_set_x509_key_file(c->x509_, cert.c_str(), key.c_str(),
+                                             GNUTLS_X509_FMT_PEM);
+    if (r < 0) return fail(cert + " with " + key, r);
+    r = gnutls_certificate_set_known_dh_params(c->x509_, GNUTLS_SEC_PARAM_MEDIUM);
+    if (r < 0) return fail("TLS DH parameters", r);
+  } else {
+    TD_RETURN_IF_ERROR(CheckPskFile(s.psk_file));
+    int r = gnutls_psk_allocate_server_credentials(&c->psk_);
+    if (r < 0) return fail("TLS PSK credentials", r);
+    r = gnutls_psk_set_server_credentials_file(c->psk_, s.psk_file.c_str());
+    if (r < 0) return fail(s.psk_file, r);
+    r = gnutls_psk_set_server_known_dh_params(c->psk_, GNUTLS_SEC_PARAM_MEDIUM);
+    if (r < 0) return fail("TLS DH parameters", r);
+    priority = "NORMAL:+ECDHE-PSK:+DHE-PSK:+PSK";
+  }
+  const char* where = nullptr;
+  int r = gnutls_priority_init(&c->priority_, priority, &where);
+  if (r < 0) return fail(std::string("TLS priority '") + priority + "'", r);
+  return std::shared_ptr<const TlsCredentials>(std::move(c));
+}
+
+namespace {
+
+// A TLS session over (in_fd, out_fd), as a Transport. GnuTLS reads through
+// Pull (a poll of the descriptor and the cancel descriptor, then one read)
+// and writes through Push (blocking sendmsg, or writev on a pipe).
+class TlsTransport final : public Transport {
+ public:
+  TlsTransport(int in_fd, int out_fd, int cancel_fd,
+               std::shared_ptr<const TlsCredentials> creds)
+      : in_fd_(in_fd), out_fd_(out_fd), cancel_fd_(cancel_fd), creds_(std::move(creds)) {}
+  ~TlsTransport() override {
+    if (!session_) return;
+    if (established_) {
+      // close_notify, without waiting on a client that stopped reading.
+      closing_.store(true, std::memory_order_relaxed);
+      (void)gnutls_bye(session_, GNUTLS_SHUT_WR);
+    }
+    gnutls_deinit(session_);
+  }
+
+  // Runs the handshake (see TlsServer::Handshake).
+  Status Start(bool verify_peer, std::string* identity);
+
+  Result<size_t> ReadAtLeast(std::span<uint8_t> buf, size_t min) override;
+  Status WriteAllV(std::span<const iovec> iov) override;
+  Result<size_t> TrySendV(std::span<const iovec>) override {
+    return Status::NotSupported("TLS: replies go through the writer");
+  }
+  void Shutdown() override {
+    (void)shutdown(out_fd_, SHUT_RDWR);
+    if (in_fd_ != out_fd_) (void)shutdown(in_fd_, SHUT_RDWR);
+  }
+
+ private:
+  static ssize_t Pull(gnutls_transport_ptr_t p, void* data, size_t size);
+  static int PullTimeout(gnutls_transport_ptr_t p, unsigned int ms);
+  static ssize_t Push(gnutls_transport_ptr_t p, const giovec_t* iov, int count);
+  // A GnuTLS error of a read as a Status (`done`: bytes of this read so far).
+  Status ReadError(int r, size_t done) const;
+  Status Identity(std::string* identity) const;
+
+  const int in_fd_;
+  const int out_fd_;
+  const int cancel_fd_;
+  const std::shared_ptr<const TlsCredentials> creds_;
+  gnutls_session_t session_ = nullptr;
+  bool established_ = false;
+  bool cancelled_ = false;         // reader only: Pull saw the cancel descriptor
+  bool pipe_ = false;              // writer only: out_fd_ is no socket
+  std::atomic<bool> closing_{false};  // Push must not block any more
+};
+
+ssize_t TlsTransport::Pull(gnutls_transport_ptr_t p, void* data, size_t size) {
+  auto* t = static_cast<TlsTransport*>(p);
+  pollfd fds[2] = {{t->in_fd_, POLLIN, 0}, {t->cancel_fd_, POLLIN, 0}};
+  for (;;) {
+    const int n = poll(fds, t->cancel_fd_ >= 0 ? 2 : 1, -1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      gnutls_transport_set_errno(t->session_, errno);
+      return -1;
+    }
+    if (t->cancel_fd_ >= 0 && fds[1].revents) {
+      t->cancelled_ = true;
+      gnutls_transport_set_errno(t->session_, ECANCELED);
+      return -1;
+    }
+    const ssize_t got = read(t->in_fd_, data, size);
+    if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (got < 0) gnutls_transport_set_errno(t->session_, errno);
+    return got;
+  }
+}
+
+int TlsTransport::PullTimeout(gnutls_transport_ptr_t p, unsigned int ms) {
+  auto* t = static_cast<TlsTransport*>(p);
+  pollfd fds[2] = {{t->in_fd_, POLLIN, 0}, {t->cancel_fd_, POLLIN, 0}};
+  const int timeout = ms == GNUTLS_INDEFINITE_TIMEOUT ? -1 : int(ms);
+  for (;;) {
+    const int n = poll(fds, t->cancel_fd_ >= 0 ? 2 : 1, timeout);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) gnutls_transport_set_errno(t->session_, errno);
+    return n;  // readable (or cancelled: Pull then says so), 0 on timeout
+  }
+}
+
+ssize_t TlsTransport::Push(gnutls_transport_ptr_t p, const giovec_t* iov, int count) {
+  auto* t = static_cast<TlsTransport*>(p);
+  const int flags = MSG_NOSIGNAL | (t->closing_.load(std::memory_order_relaxed) ? MSG_DONTWAIT : 0);
+  for (;;) {
+    ssize_t n;
+    if (!t->pipe_) {
+      msghdr msg{};
+      msg.msg_iov = const_cast<iovec*>(reinterpret_cast<const iovec*>(iov));
+      msg.msg_iovlen = size_t(count);
+      n = sendmsg(t->out_fd_, &msg, flags);
+      if (n < 0 && errno == ENOTSOCK) {
+        t->pipe_ = true;
+        continue;
+      }
+    } else {
+      n = writev(t->out_fd_, reinterpret_cast<const iovec*>(iov), count);
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) gnutls_transport_set_errno(t->session_, errno);
+    return n;
+  }
+}
+
+Status TlsTransport::Start(bool verify_peer, std::string* identity) {
+  int r = gnutls_init(&session_, GNUTLS_SERVER);
+  if (r < 0) return Status(Code::kIoError, "TLS: " + GnutlsMessage(r));
+  r = creds_->Apply(session_, verify_peer);
+  if (r < 0) return Status(Code::kIoError, "TLS: " + GnutlsMessage(r));
+  gnutls_transport_set_ptr(session_, this);
+  gnutls_transport_set_pull_function(session_, Pull);
+  gnutls_transport_set_pull_timeout_function(session_, PullTimeout);
+  gnutls_transport_set_vec_push_function(session_, Push);
+  // The server's handshake timeout cuts the socket; GnuTLS keeps none.
+  gnutls_handshake_set_timeout(session_, GNUTLS_INDEFINITE_TIMEOUT);
+  do {
+    r = gnutls_handshake(session_);
+  } while (r < 0 && gnutls_error_is_fatal(r) == 0 && !cancelled_);
+  if (cancelled_) return Status::Busy("cancelled");
+  if (r < 0) {
+    if (r == GNUTLS_E_PREMATURE_TERMINATION || r == GNUTLS_E_UNEXPECTED_PACKET_LENGTH)
+      return Status::NotFound("client hung up during the TLS handshake");
+    std::string why = GnutlsMessage(r);
+    if (r == GNUTLS_E_CERTIFICATE_VERIFICATION_ERROR) {
+      gnutls_datum_t out{};
+      const unsigned status = gnutls_session_get_verify_cert_status(session_);
+      if (gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &out, 0) == 0) {
+        why = "client certificate refused: " + std::string(reinterpret_cast<char*>(out.data));
+        gnutls_free(out.data);
+      }
+    }
+    (void)gnutls_alert_send_appropriate(session_, r);
+    return Status(Code::kIoError, "TLS handshake failed: " + why);
+  }
+  established_ = true;
+  return Identity(identity);
+}
+
+Status TlsTransport::Identity(std::string* identity) const {
+  identity->clear();
+  if (creds_->psk()) {
+    const char* user = gnutls_psk_server_get_username(session_);
+    if (user) *identity = user;
+    return Status::Ok();
+  }
+  unsigned n = 0;
+  const gnutls_datum_t* certs = gnutls_certificate_get_peers(session_, &n);
+  if (!certs || n == 0) return Status::Ok();  // verify_peer off: anonymous
+  gnutls_x509_crt_t crt;
+  if (gnutls_x509_crt_init(&crt) < 0) return Status(Code::kIoError, "TLS: out of memory");
+  gnutls_datum_t dn{};
+  int r = gnutls_x509_crt_import(crt, &certs[0], GNUTLS_X509_FMT_DER);
+  if (r >= 0) r = gnutls_x509_crt_get_dn3(crt, &dn, 0);  // RFC 4514: CN first
+  gnutls_x509_crt_deinit(crt);
+  if (r < 0) return Status(Code::kIoError, "TLS: client certificate: " + GnutlsMessage(r));
+  identity->assign(reinterpret_cast<char*>(dn.data), dn.size);
+  gnutls_free(dn.data);
+  return Status::Ok();
+}
+
+Status TlsTransport::ReadError(int r, size_t done) const {
+  if (cancelled_) return Status::Busy("cancelled");
+  // End of stream, with or without close_notify: at a message boundary the
+  // client hung up (nothing it sent is lost), inside one it broke off.
+  if (r == 0 || r == GNUTLS_E_PREMATURE_TERMINATION) {
+    if (done == 0) return Status::NotFound("end of stream");
+    return Status(Code::kIoError, "connection closed mid-message");
+  }
+  if (r == GNUTLS_E_REHANDSHAKE)
+    return Status(Code::kIoError, "TLS: the client asked to renegotiate (refused)");
+  return Status(Code::kIoError, "TLS: " + GnutlsMessage(r));
+}
+
+Result<size_t> TlsTransport::ReadAtLeast(std::span<uint8_t> buf, size_t min) {
+  size_t done = 0;
+  while (done < min || (done < buf.size() && gnutls_record_check_pending(session_) > 0)) {
+    const ssize_t n = gnutls_record_recv(session_, buf.data() + done, buf.size() - done);
+    if (n > 0) {
+      done += size_t(n);
+      continue;
+    }
+    if ((n == GNUTLS_E_AGAIN || n == GNUTLS_E_INTERRUPTED) && !cancelled_) continue;
+    return ReadError(int(n), done);
+  }
+  return done;
+}
+
+Status TlsTransport::WriteAllV(std::span<const iovec> iov) {
+  // Small pieces (reply headers) share records with what follows them; the
+  // cork is lifted every 256 KiB so a batch of large replies is not held in
+  // GnuTLS's buffer whole.
+  constexpr size_t kUncorkEvery = 256u << 10;
+  size_t corked = 0;
+  gnutls_record_cork(session_);
+  for (const iovec& v : iov) {
+    const auto* p = static_cast<const uint8_t*>(v.iov_base);
+    size_t left = v.iov_len;
+    while (left > 0) {
+      const ssize_t n = gnutls_record_send(session_, p, left);
+      if (n == GNUTLS_E_AGAIN || n == GNUTLS_E_INTERRUPTED) continue;
+      if (n < 0) return Status(Code::kIoError, "TLS: write: " + GnutlsMessage(int(n)));
+      p += n;
+      left -= size_t(n);
+      corked += size_t(n);
+    }
+    if (corked >= kUncorkEvery) {
+      const int r = gnutls_record_uncork(session_, GNUTLS_RECORD_WAIT);
+      if (r < 0) return Status(Code::kIoError, "TLS: write: " + GnutlsMessage(r));
+      corked = 0;
+      gnutls_record_cork(session_);
+    }
+  }
+  const int r = gnutls_record_uncork(session_, GNUTLS_RECORD_WAIT);
+  if (r < 0) return Status(Code::kIoError, "TLS: write: " + GnutlsMessage(r));
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<TlsMode> ParseTlsMode(std::string_view text) {
+  if (text == "off" || text == "no") return TlsMode::kOff;
+  if (text == "on" || text == "yes") return TlsMode::kOn;
+  if (text == "require") return TlsMode::kRequire;
+  return Status::InvalidArgument("--tls: expected off, on or require, not '" + std::string(text) +
+                                 "'");
+}
+
+std::string_view TlsModeName(TlsMode mode) {
+  switch (mode) {
+    case TlsMode::kOff:
+      return "off";
+    case TlsMode::kOn:
+      return "on";
+    case TlsMode::kRequire:
+      return "require";
+  }
+  return "?";
+}
+
+Result<std::shared_ptr<TlsServer>> TlsServer::Create(TlsSettings settings) {
+  if (settings.mode == TlsMode::kOff) return Status::InvalidArgument("TLS is off");
+  if (settings.x509_dir.empty() == settings.psk_file.empty())
+    return Status::InvalidArgument("TLS needs exactly one of --tls-creds DIR and --tls-psk FILE");
+  std::shared_ptr<TlsServer> server(new TlsServer(std::move(settings)));
+  TD_ASSIGN_OR_RETURN(server->state_, server->Load());
+  return server;
+}
+
+TlsServer::~TlsServer() = default;
+
+Result<TlsServer::State> TlsServer::Load() const {
+  State s;
+  TD_ASSIGN_OR_RETURN(s.creds, TlsCredentials::Load(settings_));
+  TlsAuthz authz;
+  if (!settings_.authz_file.empty()) {
+    TD_ASSIGN_OR_RETURN(authz, TlsAuthz::LoadListFile(settings_.authz_file));
+  }
+  for (const std::string& pattern : settings_.allow) authz.AllowGlob(pattern);
+  s.authz = std::make_shared<const TlsAuthz>(std::move(authz));
+  return s;
+}
+
+TlsServer::State TlsServer::Current() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+Status TlsServer::Reload() {
+  TD_ASSIGN_OR_RETURN(State s, Load());
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = std::move(s);
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<Transport>> TlsServer::Handshake(int in_fd, int out_fd, int cancel_fd,
+                                                        std::string* peer) const {
+  const State state = Current();
+  auto t = std::make_unique<TlsTransport>(in_fd, out_fd, cancel_fd, state.creds);
+  std::string identity;
+  TD_RETURN_IF_ERROR(t->Start(settings_.verify_peer, &identity));
+  if (peer) *peer = identity;
+  if (!state.authz->Allows(identity)) {
+    const std::string who = identity.empty() ? "a client without a certificate"
+                                             : "TLS client '" + identity + "'";
+    return Status::Busy(who + " is not authorized (--tls-authz/--tls-allow)");
+  }
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+}  // namespace thindisk::nbd

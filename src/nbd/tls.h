@@ -1,0 +1,98 @@
+// TLS on the NBD server: NBD_OPT_STARTTLS (doc/proto.md, "TLS support"),
+// on GnuTLS.
+//
+// TlsServer holds what every session needs: the credentials (X.509 from a
+// directory with qemu's file names, or a GnuTLS PSK file), whether client
+// certificates are required, and the authorization list (tls_authz.h).
+// Handshake() runs the server's side of the TLS handshake on a connection
+// whose STARTTLS was just acknowledged and hands back the session as a
+// Transport, so the rest of the connection reads and writes through it as
+// it would through the plain socket.
+//
+// Credentials: X.509 reads DIR/ca-cert.pem (the CA that signs clients),
+// DIR/server-cert.pem, DIR/server-key.pem and, when present, DIR/ca-crl.pem.
+// With verify_peer (the default, as in qemu) a client must present a
+// certificate that the CA signed, valid now and not revoked. PSK reads a
+// file of `username:hexkey` lines (GnuTLS psktool's format, as qemu and
+// nbdkit use); the user name is the client's identity. Reload() (SIGHUP)
+// reads everything again: new sessions get the new credentials, sessions
+// already running keep theirs; a reload that fails keeps the old ones.
+//
+// Authorization happens after the handshake: an identity the list refuses
+// ends the connection (kBusy "not authorized", naming it), before any NBD
+// option is read under TLS.
+//
+// The session is read by the connection's reader and written by its writer
+// thread at once, which GnuTLS allows for one sender and one receiver
+// (manual, "Thread safety"); renegotiation does not exist in TLS 1.3 and is
+// refused for older versions. Reads poll the cancel descriptor too, so a
+// handshake or a read stalled mid-record still ends at shutdown, and the
+// server's handshake timeout (shutdown(2) of the socket) covers the TLS
+// handshake as well.
+//
+// Thread safety: TlsServer's methods may be called from any thread.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nbd/tls_authz.h"
+#include "nbd/transport.h"
+#include "util/result.h"
+
+namespace thindisk::nbd {
+
+// --tls: off (STARTTLS refused), on (offered, plaintext allowed too),
+// require (nothing but STARTTLS and ABORT before TLS; nbdkit's meaning).
+enum class TlsMode { kOff, kOn, kRequire };
+Result<TlsMode> ParseTlsMode(std::string_view text);
+std::string_view TlsModeName(TlsMode mode);
+
+struct TlsSettings {
+  TlsMode mode = TlsMode::kRequire;
+  std::string x509_dir;  // --tls-creds DIR
+  std::string psk_file;  // --tls-psk FILE (exactly one of the two)
+  bool verify_peer = true;  // X.509: require and verify client certificates
+  std::string authz_file;   // --tls-authz FILE (qemu authz-list-file JSON)
+  std::vector<std::string> allow;  // --tls-allow PATTERN (globs)
+};
+
+class TlsCredentials;  // loaded GnuTLS credentials (tls.cc)
+
+class TlsServer {
+ public:
+  // Reads the credentials and the authz file; errors name the file.
+  static Result<std::shared_ptr<TlsServer>> Create(TlsSettings settings);
+  ~TlsServer();
+
+  TlsMode mode() const { return settings_.mode; }
+  const TlsSettings& settings() const { return settings_; }
+  // Reads credentials and authz again; on error keeps the current ones.
+  Status Reload();
+
+  // The TLS handshake on (in_fd, out_fd), then authorization. `peer`
+  // receives the client's identity (DN or PSK user) once known, for logs.
+  // Errors: kIoError for a failed handshake (with GnuTLS's reason), kBusy
+  // for a refused identity or a cancelled wait, kNotFound when the client
+  // hung up.
+  Result<std::unique_ptr<Transport>> Handshake(int in_fd, int out_fd, int cancel_fd,
+                                               std::string* peer) const;
+
+ private:
+  struct State {
+    std::shared_ptr<const TlsCredentials> creds;
+    std::shared_ptr<const TlsAuthz> authz;
+  };
+  explicit TlsServer(TlsSettings settings) : settings_(std::move(settings)) {}
+  Result<State> Load() const;
+  State Current() const;
+
+  const TlsSettings settings_;
+  mutable std::mutex mu_;
+  State state_;  // guarded by mu_
+};
+
+}  // namespace thindisk::nbd
