@@ -28,6 +28,7 @@
 #include "cli/serve_list.h"
 #include "cli/serve_open.h"
 #include "cli/serve_options.h"
+#include "cli/serve_tls.h"
 #include "io/rados_lock.h"
 #include "nbd/server.h"
 
@@ -69,8 +70,8 @@ constexpr const char* kFooter =
     "64 clients (qemu-nbd: 1); TCP binds 127.0.0.1 by default (qemu-nbd: 0.0.0.0); --discard\n"
     "defaults to unmap (qemu-nbd: ignore); qemu:allocation-depth is always offered (-A is\n"
     "accepted); --aio=native and --aio=io_uring run on threads, our fastest path here;\n"
-    "--stdio has no short -s (-s is qemu-nbd's --snapshot). Kernel devices (-c, -d), dirty\n"
-    "bitmaps (-B), TLS and --object are refused with a message.";
+    "--stdio has no short -s (-s is qemu-nbd's --snapshot). Kernel devices (-c, -d) and dirty\n"
+    "bitmaps (-B) are refused with a message. TLS: docs/tls.md.";
 
 class ServeCommand final : public Subcommand {
  public:
@@ -137,14 +138,11 @@ class ServeCommand final : public Subcommand {
     sub->add_flag("-v,--verbose", verbose_, "Log each export as it is opened");
     sub->add_flag("-q,--quiet", quiet_, "Print nothing but errors");
     sub->add_flag("-V,--version", version_, "Print thindisk's version and exit");
+    tls_options_.Register(sub);
     // qemu-nbd options thindisk refuses, each with its reason (Refusal()).
     sub->add_option("-c,--connect", connect_, "(refused: needs a kernel NBD device)");
     sub->add_flag("-d,--disconnect", disconnect_, "(refused: needs a kernel NBD device)");
     sub->add_option("-B,--bitmap", bitmaps_, "(refused: dirty bitmaps are not supported yet)");
-    sub->add_option("--object", objects_, "(refused: no secrets or TLS objects yet)");
-    sub->add_option("--tls-creds", tls_creds_, "(refused: TLS is not supported yet)");
-    sub->add_option("--tls-authz", tls_authz_, "(refused: TLS is not supported yet)");
-    sub->add_option("--tls-hostname", tls_hostname_, "(refused: TLS is not supported yet)");
     sub->add_option("--selinux-label", selinux_label_, "(refused: not supported)");
     return sub;
   }
@@ -176,6 +174,7 @@ class ServeCommand final : public Subcommand {
       for (Spec& s : specs) TD_RETURN_IF_ERROR(ApplyImageOpts(s.file, s.settings));
     }
     TD_RETURN_IF_ERROR(CheckListenOptions());
+    TD_ASSIGN_OR_RETURN(tls_, tls_options_.Build());
 
     // 2. --fork: the parent returns here, once the child serves or fails.
     std::optional<ForkReport> report;
@@ -242,11 +241,6 @@ class ServeCommand final : public Subcommand {
     }
     if (!bitmaps_.empty())
       return Status::NotSupported("-B/--bitmap: dirty bitmaps are not supported yet");
-    if (!tls_creds_.empty() || !tls_authz_.empty() || !tls_hostname_.empty())
-      return Status::NotSupported("--tls-creds/--tls-authz/--tls-hostname: TLS is not supported yet");
-    if (!objects_.empty())
-      return Status::NotSupported("--object '" + objects_.front() +
-                                  "': objects (secrets, TLS credentials) are not supported yet");
     if (!selinux_label_.empty())
       return Status::NotSupported("--selinux-label is not supported");
     return Status::Ok();
@@ -388,6 +382,8 @@ class ServeCommand final : public Subcommand {
     so.max_connections = max_connections_;
     so.handshake_timeout = std::chrono::milliseconds(int64_t(handshake_timeout_ * 1000));
     if (!quiet_) so.log = [](const std::string& line) { PrintWarning(line); };
+    so.tls = tls_;
+    if (tls_ && verbose_) Log(ServeTlsOptions::Describe(*tls_));
     bool wrote_pid = false;
     Status pid_status;
     so.on_ready = [&](nbd::Server& server) {
@@ -490,8 +486,9 @@ class ServeCommand final : public Subcommand {
   std::string connect_;
   bool disconnect_ = false;
   std::vector<std::string> bitmaps_;
-  std::vector<std::string> objects_;
-  std::string tls_creds_, tls_authz_, tls_hostname_, selinux_label_;
+  ServeTlsOptions tls_options_;
+  std::shared_ptr<nbd::TlsServer> tls_;  // null: no TLS
+  std::string selinux_label_;
 };
 
 }  // namespace

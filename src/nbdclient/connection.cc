@@ -64,6 +64,10 @@ Status Connection::Prepare() {
   // need not zero them first (a memset of every byte read, 7% of a convert
   // off an export).
   if (nbd_set_pread_initialize(h_, false) == -1) return LibnbdError(uri_);
+  // nbds:// URIs name their credentials as local files (tls-certificates=,
+  // tls-psk-file=), which libnbd reads only when allowed; the URI is the
+  // user's (or an image's backing name, which opens local files anyway).
+  if (nbd_set_uri_allow_local_file(h_, true) == -1) return LibnbdError(uri_);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) return Status::FromErrno(errno, uri_ + ": eventfd");
   return Status::Ok();

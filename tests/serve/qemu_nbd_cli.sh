@@ -7,7 +7,8 @@
 # --format -x -k -t -e 2 --fork --detect-zeroes=on --pid-file), -t --fork
 # --pid-file, -s (image byte-identical afterwards), -l SNAPSHOT, -o OFFSET,
 # --image-opts, -L against both servers, and the refused options (-c, -d,
-# -B, TLS, --object): one clear line and a non-zero exit.
+# -B, non-TLS --object, bad TLS objects): one clear line and a non-zero
+# exit. TLS itself is tests/tls.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-nbd qemu-img qemu-io nbdinfo jq cmp
 
@@ -275,8 +276,13 @@ refused "--connect" "kernel NBD device" --connect=/dev/nbd0 disk.qcow2
 refused "-d" "kernel NBD device" -d /dev/nbd0
 refused "-B" "not supported yet" -B bitmap0 -k "$TMP/x.sock" disk.qcow2
 refused "--bitmap" "not supported yet" --bitmap=bitmap0 -k "$TMP/x.sock" disk.qcow2
-refused "--tls-creds" "TLS is not supported yet" --tls-creds tls0 -k "$TMP/x.sock" disk.qcow2
-refused "--object" "not supported yet" --object secret,id=sec0,data=x -k "$TMP/x.sock" disk.qcow2
+refused "--tls-creds of no object" "nor the id of an --object" --tls-creds tls0 -k "$TMP/x.sock" disk.qcow2
+refused "--object secret" "only tls-creds-x509, tls-creds-psk, authz-simple and authz-list-file" \
+  --object secret,id=sec0,data=x -k "$TMP/x.sock" disk.qcow2
+refused "--tls-creds of a missing dir" "server-cert.pem: No such file" \
+  --object tls-creds-x509,id=tls0,dir="$TMP/none",endpoint=server --tls-creds tls0 \
+  -k "$TMP/x.sock" disk.qcow2
+refused "--tls-hostname" "client's side" --tls-hostname localhost -k "$TMP/x.sock" disk.qcow2
 refused "--aio=posix" "--aio" --aio=posix -k "$TMP/x.sock" disk.qcow2
 refused "--detect-zeroes=unmap with --discard=ignore" "--discard=unmap" \
   --detect-zeroes=unmap --discard=ignore -k "$TMP/x.sock" disk.qcow2
