@@ -75,21 +75,6 @@ Status ReadExact(int fd, std::span<uint8_t> buf, int cancel_fd) {
   return n.has_value() ? Status::Ok() : n.error();
 }
 
-Status Skip(int fd, uint64_t length, int cancel_fd) {
-  uint8_t scratch[64 * 1024];
-  while (length > 0) {
-    size_t n = size_t(std::min<uint64_t>(length, sizeof scratch));
-    Status s = ReadExact(fd, std::span<uint8_t>(scratch, n), cancel_fd);
-    if (!s.ok()) {
-      return s.code() == Code::kNotFound
-                 ? Status(Code::kIoError, "connection closed mid-message")
-                 : s;
-    }
-    length -= n;
-  }
-  return Status::Ok();
-}
-
 Status WriteAllV(int fd, std::span<const iovec> iov_in) {
   std::vector<iovec> iov(iov_in.begin(), iov_in.end());
   size_t first = 0;

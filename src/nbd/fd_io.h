@@ -30,10 +30,6 @@ Status ReadExact(int fd, std::span<uint8_t> buf, int cancel_fd = -1);
 // Errors as ReadExact. The connection reads several requests per call.
 Result<size_t> ReadAtLeast(int fd, std::span<uint8_t> buf, size_t min, int cancel_fd = -1);
 
-// Reads and drops `length` bytes through a small buffer: skipping the
-// payload of a rejected WRITE costs no memory.
-Status Skip(int fd, uint64_t length, int cancel_fd = -1);
-
 // Writes every byte of every iovec, resuming after partial writes.
 Status WriteAllV(int fd, std::span<const iovec> iov);
 Status WriteAll(int fd, std::span<const uint8_t> buf);
