@@ -127,6 +127,11 @@ if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
   for t in fio qemu_io; do
     THINDISK="$TSAN_BIN/thindisk" timeout 600 bash tests/serve/$t.sh || tsan_ok=0
   done
+  # TLS: the session read by the reader and written by the writer thread.
+  for t in clients refusals; do
+    THINDISK="$TSAN_BIN/thindisk" TLS_SERVER=thindisk timeout 600 bash tests/tls/$t.sh ||
+      tsan_ok=0
+  done
   # Four connections at queue depth 32 against a model (its libnbd client
   # comes from the optimized build; only the server needs TSan).
   THINDISK="$TSAN_BIN/thindisk" \
