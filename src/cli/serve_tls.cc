@@ -97,10 +97,16 @@ void ServeTlsOptions::Register(CLI::App* sub) {
                   "--object authz-simple/authz-list-file");
   sub->add_option("--tls-allow", allow_,
                   "Allow the client certificate DN or PSK user matching this glob "
-                  "(repeatable; everyone else is refused)");
+                  "(repeatable; everyone else is refused)")
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  sub->add_option("--tls-priority", priority_,
+                  "GnuTLS priority string (default: GnuTLS's NORMAL, AES-128-GCM first)");
   sub->add_option("--object", objects_,
                   "qemu-nbd's TLS objects: tls-creds-x509, tls-creds-psk, authz-simple, "
-                  "authz-list-file (repeatable)");
+                  "authz-list-file (repeatable)")
+      ->allow_extra_args(false)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   sub->add_option("--tls-hostname", hostname_, "(refused: a client's option; see docs/tls.md)");
 }
 
@@ -111,6 +117,7 @@ Result<nbd::TlsSettings> ServeTlsOptions::Settings() const {
   nbd::TlsSettings s;
   s.verify_peer = verify_peer_;
   s.allow = allow_;
+  s.priority = priority_;
   std::map<std::string, QemuObject> objects;
   for (const std::string& text : objects_) {
     TD_ASSIGN_OR_RETURN(QemuObject o, ParseQemuObject(text));
@@ -130,7 +137,9 @@ Result<nbd::TlsSettings> ServeTlsOptions::Settings() const {
     if (o.type != "tls-creds-x509" && o.type != "tls-creds-psk")
       return Status::InvalidArgument("--tls-creds " + creds_ + ": --object " + o.type +
                                      " holds no TLS credentials");
-    TD_RETURN_IF_ERROR(OnlyProps(o, {"id", "dir", "endpoint", "verify-peer"}));
+    TD_RETURN_IF_ERROR(OnlyProps(o, {"id", "dir", "endpoint", "verify-peer", "priority"}));
+    if (auto p = o.props.find("priority"); p != o.props.end() && priority_.empty())
+      s.priority = p->second;
     auto endpoint = o.props.find("endpoint");
     if (endpoint != o.props.end() && endpoint->second != "server")
       return Status::InvalidArgument("--object " + o.type + ",id=" + creds_ +

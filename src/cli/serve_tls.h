@@ -46,6 +46,7 @@ class ServeTlsOptions {
   bool verify_peer_ = true;
   std::string authz_;  // FILE, or an --object's id
   std::vector<std::string> allow_;
+  std::string priority_;
   std::vector<std::string> objects_;
   std::string hostname_;  // qemu-nbd's client-side --tls-hostname: refused
 };

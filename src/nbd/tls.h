@@ -58,7 +58,16 @@ struct TlsSettings {
   bool verify_peer = true;  // X.509: require and verify client certificates
   std::string authz_file;   // --tls-authz FILE (qemu authz-list-file JSON)
   std::vector<std::string> allow;  // --tls-allow PATTERN (globs)
+  // GnuTLS priority string (--tls-priority; qemu's priority=); empty:
+  // kDefaultTlsPriority, plus the PSK key exchanges with a PSK file.
+  std::string priority;
 };
+
+// GnuTLS's defaults, with AES-128-GCM preferred over AES-256-GCM: the
+// bulk cipher of every byte served, 128-bit security, and about a third
+// less CPU for both ends of the connection.
+inline constexpr const char* kDefaultTlsPriority =
+    "NORMAL:%SERVER_PRECEDENCE:-AES-256-GCM:-CHACHA20-POLY1305:+AES-256-GCM:+CHACHA20-POLY1305";
 
 class TlsCredentials;  // loaded GnuTLS credentials (tls.cc)
 

@@ -83,12 +83,13 @@ void TlsAuthz::AllowGlob(std::string pattern) {
   rules_.push_back({std::move(pattern), /*allow=*/true, /*glob=*/true});
 }
 
-bool TlsAuthz::Allows(std::string_view identity) const {
+bool TlsAuthz::AllowsAny(const std::vector<std::string>& names) const {
   if (open()) return true;
-  const std::string id(identity);
   for (const Rule& r : rules_) {
-    const bool hit = r.glob ? fnmatch(r.match.c_str(), id.c_str(), 0) == 0 : r.match == id;
-    if (hit) return r.allow;
+    for (const std::string& id : names) {
+      const bool hit = r.glob ? fnmatch(r.match.c_str(), id.c_str(), 0) == 0 : r.match == id;
+      if (hit) return r.allow;
+    }
   }
   return default_allow_;
 }

@@ -12,7 +12,10 @@
 //              {"match": "CN=bob,O=Example", "policy": "deny"}]}
 //
 // The first rule that matches decides; without a match the list's "policy"
-// does (default deny). "format" is "exact" (the default) or "glob" (fnmatch,
+// does (default deny). A certificate's DN is matched in both orders: RFC
+// 4514's, CN first ("CN=alice,O=Example"), and the certificate's own, which
+// qemu 7.2 matches ("O=Example,CN=alice"), so qemu-nbd's authz files work
+// unchanged. "format" is "exact" (the default) or "glob" (fnmatch,
 // no special meaning for '/'). An authz with no rules and no file lets
 // everyone in (the handshake alone decides).
 //
@@ -44,7 +47,9 @@ class TlsAuthz {
 
   // True when no rule was given: everyone is allowed.
   bool open() const { return rules_.empty() && !from_file_; }
-  bool Allows(std::string_view identity) const;
+  bool Allows(std::string_view identity) const { return AllowsAny({std::string(identity)}); }
+  // A rule matches when it matches any of `names` (one identity's spellings).
+  bool AllowsAny(const std::vector<std::string>& names) const;
   const std::vector<Rule>& rules() const { return rules_; }
 
  private:

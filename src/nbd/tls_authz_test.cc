@@ -46,6 +46,22 @@ TEST(TlsAuthzTest, QemuListFileFirstMatchDecides) {
   EXPECT_FALSE(none->Allows("CN=alice"));
 }
 
+// An identity is several spellings (a DN in both orders): any matches.
+TEST(TlsAuthzTest, AnySpellingOfTheIdentityMatches) {
+  auto qemu_order = TlsAuthz::ParseList(
+      R"({"rules": [{"match": "O=thindisk test,CN=alice", "policy": "allow"}]})", "f");
+  ASSERT_TRUE(qemu_order.has_value());
+  EXPECT_TRUE(qemu_order->AllowsAny({"CN=alice,O=thindisk test", "O=thindisk test,CN=alice"}));
+  EXPECT_FALSE(qemu_order->AllowsAny({"CN=bob,O=thindisk test", "O=thindisk test,CN=bob"}));
+  // A deny rule that matches either spelling denies.
+  auto deny = TlsAuthz::ParseList(R"({"policy": "allow", "rules": [
+      {"match": "CN=bob,*", "policy": "deny", "format": "glob"}]})",
+                                  "f");
+  ASSERT_TRUE(deny.has_value());
+  EXPECT_FALSE(deny->AllowsAny({"CN=bob,O=x", "O=x,CN=bob"}));
+  EXPECT_TRUE(deny->AllowsAny({"CN=alice,O=x", "O=x,CN=alice"}));
+}
+
 TEST(TlsAuthzTest, BadListsAreErrorsNamingTheFile) {
   for (const char* bad : {"", "[]", "{\"rules\": {}}", "{\"policy\": \"maybe\"}",
                           "{\"rules\": [{\"match\": \"x\"}]}",
