@@ -3,16 +3,25 @@
 // socketpair, with a 1 MiB in-memory export. The server's replies are
 // drained and dropped. Any outcome but a crash, a sanitizer report or a
 // hang is fine (DESIGN.md rule 4).
+//
+// TLS: the input's size picks the server's --tls mode (size % 3: off, on,
+// require), so the corpus explores plaintext sessions, the pre-TLS option
+// handling of both TLS modes, and STARTTLS followed by hostile bytes as a
+// TLS handshake (PSK credentials from a file written at start-up).
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "nbd/connection.h"
+#include "nbd/tls.h"
 #include "nbd/testing/memory_device.h"
 
 namespace {
@@ -30,7 +39,22 @@ struct World {
     exports.push_back({"", "default export", dev, false});
     exports.push_back({"ro", "read-only export", dev, true});
     if (pipe2(cancel_pipe, O_CLOEXEC) != 0) abort();
+    char dir[] = "/tmp/td-fuzz-tls-XXXXXX";
+    if (!mkdtemp(dir)) abort();
+    const std::string psk = std::string(dir) + "/keys.psk";
+    FILE* f = std::fopen(psk.c_str(), "w");
+    if (!f || std::fputs("fuzz:00112233445566778899aabbccddeeff\n", f) < 0 || std::fclose(f) != 0)
+      abort();
+    for (nbd::TlsMode mode : {nbd::TlsMode::kOn, nbd::TlsMode::kRequire}) {
+      nbd::TlsSettings settings;
+      settings.mode = mode;
+      settings.psk_file = psk;
+      auto server = nbd::TlsServer::Create(settings);
+      if (!server.has_value()) abort();
+      tls.push_back(*server);
+    }
   }
+  std::vector<std::shared_ptr<nbd::TlsServer>> tls;  // --tls=on, --tls=require
 };
 
 World& TheWorld() {
@@ -62,6 +86,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   });
   {
     nbd::ConnectionOptions opts;
+    if (size % 3 != 0) opts.tls = w.tls[size % 3 - 1];
     nbd::Connection conn(sv[0], sv[0], &w.exports, &w.pool, w.cancel_pipe[0], &w.shutting_down,
                          opts);
     (void)conn.Run();
