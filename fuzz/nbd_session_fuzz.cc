@@ -45,6 +45,14 @@ struct World {
     FILE* f = std::fopen(psk.c_str(), "w");
     if (!f || std::fputs("fuzz:00112233445566778899aabbccddeeff\n", f) < 0 || std::fclose(f) != 0)
       abort();
+    // GnuTLS reads the file at each handshake: it goes at exit.
+    static std::string dir_at_exit, psk_at_exit;
+    dir_at_exit = dir;
+    psk_at_exit = psk;
+    std::atexit([] {
+      std::remove(psk_at_exit.c_str());
+      std::remove(dir_at_exit.c_str());
+    });
     for (nbd::TlsMode mode : {nbd::TlsMode::kOn, nbd::TlsMode::kRequire}) {
       nbd::TlsSettings settings;
       settings.mode = mode;
