@@ -93,6 +93,15 @@ if cmp -s -n $((4 * MiB)) <(tail -c +$((56 * MiB + 1)) final.raw) /dev/zero; the
 fi
 qemu-img compare -f qcow2 -F raw local.qcow2 final.raw ||
   fail "the qemu-img copy differs from nbdcopy's"
+# thindisk's own client (libnbd underneath) against this server.
+if [[ $TD != false ]]; then
+  log "thindisk info and convert out of the export (X.509)"
+  "$TD" info --output=json "$X509" >tdinfo.json || fail "thindisk info of the export failed"
+  expect_eq "thindisk info: virtual size" "$(jq '.["virtual-size"]' tdinfo.json)" "$SIZE"
+  "$TD" convert -q -O qcow2 "$X509" td.qcow2 || fail "thindisk convert out of the export failed"
+  qemu-img compare -q -f qcow2 -F raw td.qcow2 final.raw ||
+    fail "thindisk convert: the copy differs from the export"
+fi
 stop_tls "$pid" x
 
 # ---- PSK ------------------------------------------------------------------
@@ -118,6 +127,11 @@ head -c "$MiB" /dev/zero | tr '\0' '\303' >pc3.raw
 expect_same psk2.raw <(cat <(head -c $((62 * MiB)) /dev/zero) pc3.raw) $((62 * MiB)) "$MiB" \
   "PSK: qemu-io's 0xc3 megabyte"
 expect_same psk2.raw final.raw 0 $((62 * MiB)) "PSK: the export before 62 MiB changed"
+if [[ $TD != false ]]; then
+  log "thindisk convert out of the export (PSK)"
+  "$TD" convert -q -O raw "$PSK" td.raw || fail "thindisk convert (PSK) failed"
+  cmp td.raw psk2.raw || fail "thindisk convert (PSK): the copy differs from the export"
+fi
 stop_tls "$pid" p
 
 # ---- qemu-nbd's own TLS command line (thindisk takes it as it is) -------
