@@ -496,8 +496,16 @@ void Connection::Send(OutgoingReply reply, size_t cost) {
     sent += *n;
     AdvanceIov(&iov, *n);
   }
+  // A transport that consumed the reply but holds some of it (TLS records
+  // the socket did not take) needs the writer to finish: an empty reply
+  // makes it call WriteAllV, which sends them first.
+  const bool unsent = error.ok() && sent == total && transport_->HasUnsent();
   lock.lock();
   sending_ = false;
+  if (unsent) {
+    replies_.push_back({OutgoingReply(), 0, 0});
+    write_cv_.notify_one();
+  }
   if (error.code() == Code::kNotSupported) {
     direct_ok_ = false;  // not a socket: blocking writes on the writer only
   } else if (!error.ok()) {

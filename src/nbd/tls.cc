@@ -188,7 +188,8 @@ class TlsTransport final : public Transport {
     if (established_) {
       // close_notify, without waiting on a client that stopped reading.
       closing_.store(true, std::memory_order_relaxed);
-      (void)gnutls_bye(session_, GNUTLS_SHUT_WR);
+      (void)FlushOut(/*block=*/false);  // records come before close_notify
+      if (!HasUnsent()) (void)gnutls_bye(session_, GNUTLS_SHUT_WR);
     }
     gnutls_deinit(session_);
   }
@@ -202,9 +203,8 @@ class TlsTransport final : public Transport {
 
   Result<size_t> ReadAtLeast(std::span<uint8_t> buf, size_t min) override;
   Status WriteAllV(std::span<const iovec> iov) override;
-  Result<size_t> TrySendV(std::span<const iovec>) override {
-    return Status::NotSupported("TLS: replies go through the writer");
-  }
+  Result<size_t> TrySendV(std::span<const iovec> iov) override;
+  bool HasUnsent() const override { return out_sent_ < out_buf_.size(); }
   void Shutdown() override {
     (void)shutdown(out_fd_, SHUT_RDWR);
     if (in_fd_ != out_fd_) (void)shutdown(in_fd_, SHUT_RDWR);
@@ -214,8 +214,12 @@ class TlsTransport final : public Transport {
   static ssize_t Pull(gnutls_transport_ptr_t p, void* data, size_t size);
   static int PullTimeout(gnutls_transport_ptr_t p, unsigned int ms);
   static ssize_t Push(gnutls_transport_ptr_t p, const giovec_t* iov, int count);
-  // Sends out_buf_ (blocking); false with errno set on failure.
-  bool FlushOut();
+  // Sends what out_buf_ holds: all of it (block), or what the socket
+  // takes now.
+  Status FlushOut(bool block);
+  // Encrypts `iov` into out_buf_ (stream: sending it kOutBuffer at a time).
+  Status Encrypt(std::span<const iovec> iov, bool stream);
+  static constexpr size_t kDirectMax = 256u << 10;
   static constexpr size_t kInBuffer = 128u << 10;
   static constexpr size_t kOutBuffer = 256u << 10;
   // A GnuTLS error of a read as a Status (`done`: bytes of this read so far).
@@ -234,8 +238,11 @@ class TlsTransport final : public Transport {
   size_t in_pos_ = 0;
   size_t in_end_ = 0;
   bool out_pipe_ = false;          // writer only: out_fd_ is no socket
-  bool buffering_ = false;         // writer only: inside WriteAllV
-  std::vector<uint8_t> out_buf_;   // writer only: records not sent yet
+  // The sender's (whoever holds the connection's sending token):
+  bool buffering_ = false;         // inside Encrypt
+  bool stream_ = false;            // Encrypt may send as it goes
+  std::vector<uint8_t> out_buf_;   // records; [out_sent_, end) not sent yet
+  size_t out_sent_ = 0;
   std::atomic<bool> closing_{false};  // Push must not block any more
 };
 
@@ -308,16 +315,26 @@ int TlsTransport::PullTimeout(gnutls_transport_ptr_t p, unsigned int ms) {
   }
 }
 
-bool TlsTransport::FlushOut() {
-  if (out_buf_.empty()) return true;
-  iovec v{out_buf_.data(), out_buf_.size()};
-  Status s = nbd::WriteAllV(out_fd_, std::span<const iovec>(&v, 1));
-  out_buf_.clear();
-  if (!s.ok()) {
-    errno = s.error_number() != 0 ? s.error_number() : EIO;
-    return false;
+Status TlsTransport::FlushOut(bool block) {
+  while (out_sent_ < out_buf_.size()) {
+    iovec v{out_buf_.data() + out_sent_, out_buf_.size() - out_sent_};
+    if (block) {
+      Status st = nbd::WriteAllV(out_fd_, std::span<const iovec>(&v, 1));
+      if (!st.ok()) return Status(Code::kIoError, "TLS: write: " + st.message(), st.error_number());
+      break;
+    }
+    msghdr msg{};
+    msg.msg_iov = &v;
+    msg.msg_iovlen = 1;
+    const ssize_t n = sendmsg(out_fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::Ok();
+    if (n < 0) return Status::FromErrno(errno, "TLS: write");
+    out_sent_ += size_t(n);
   }
-  return true;
+  out_buf_.clear();
+  out_sent_ = 0;
+  return Status::Ok();
 }
 
 ssize_t TlsTransport::Push(gnutls_transport_ptr_t p, const giovec_t* iov, int count) {
@@ -332,9 +349,12 @@ ssize_t TlsTransport::Push(gnutls_transport_ptr_t p, const giovec_t* iov, int co
       std::memcpy(t->out_buf_.data() + at, iov[i].iov_base, len);
       total += len;
     }
-    if (t->out_buf_.size() >= kOutBuffer && !t->FlushOut()) {
-      gnutls_transport_set_errno(t->session_, errno);
-      return -1;
+    if (t->stream_ && t->out_buf_.size() >= kOutBuffer) {
+      Status st = t->FlushOut(/*block=*/true);
+      if (!st.ok()) {
+        gnutls_transport_set_errno(t->session_, st.error_number() ? st.error_number() : EIO);
+        return -1;
+      }
     }
     return ssize_t(total);
   }
@@ -446,19 +466,17 @@ Result<size_t> TlsTransport::ReadAtLeast(std::span<uint8_t> buf, size_t min) {
   return done;
 }
 
-Status TlsTransport::WriteAllV(std::span<const iovec> iov) {
+Status TlsTransport::Encrypt(std::span<const iovec> iov, bool stream) {
   // Small pieces (reply headers) share records with what follows them; the
   // cork is lifted every 256 KiB so a batch of large replies is not held in
   // GnuTLS's buffer whole.
   constexpr size_t kUncorkEvery = 256u << 10;
   size_t corked = 0;
   buffering_ = true;
+  stream_ = stream;
   struct Unbuffer {
     TlsTransport* t;
-    ~Unbuffer() {
-      t->buffering_ = false;
-      t->out_buf_.clear();
-    }
+    ~Unbuffer() { t->buffering_ = false; }
   } unbuffer{this};
   gnutls_record_cork(session_);
   for (const iovec& v : iov) {
@@ -481,8 +499,29 @@ Status TlsTransport::WriteAllV(std::span<const iovec> iov) {
   }
   const int r = gnutls_record_uncork(session_, GNUTLS_RECORD_WAIT);
   if (r < 0) return Status(Code::kIoError, "TLS: write: " + GnutlsMessage(r));
-  if (!FlushOut()) return Status::FromErrno(errno, "TLS: write");
   return Status::Ok();
+}
+
+Status TlsTransport::WriteAllV(std::span<const iovec> iov) {
+  TD_RETURN_IF_ERROR(FlushOut(/*block=*/true));  // what a direct send left
+  TD_RETURN_IF_ERROR(Encrypt(iov, /*stream=*/true));
+  return FlushOut(/*block=*/true);
+}
+
+Result<size_t> TlsTransport::TrySendV(std::span<const iovec> iov) {
+  if (out_pipe_) return Status::NotSupported("a pipe: replies go through the writer");
+  size_t total = 0;
+  for (const iovec& v : iov) total += v.iov_len;
+  // Large replies stream from the writer (their ciphertext is not held
+  // whole); so do all replies while earlier ciphertext still waits.
+  if (total > kDirectMax) return size_t(0);
+  TD_RETURN_IF_ERROR(FlushOut(/*block=*/false));
+  if (out_sent_ < out_buf_.size()) return size_t(0);
+  // Once encrypted the bytes are consumed: what the socket does not take
+  // now waits in out_buf_ (HasUnsent) for the writer, before anything else.
+  TD_RETURN_IF_ERROR(Encrypt(iov, /*stream=*/false));
+  TD_RETURN_IF_ERROR(FlushOut(/*block=*/false));
+  return total;
 }
 
 }  // namespace

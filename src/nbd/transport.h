@@ -40,6 +40,10 @@ class Transport {
   // stream is full; kNotSupported when this transport cannot (a pipe, a
   // TLS session): the caller then writes through WriteAllV only.
   virtual Result<size_t> TrySendV(std::span<const iovec> iov) = 0;
+  // True when bytes a TrySendV consumed still wait inside the transport
+  // (a TLS session's records the socket did not take): the next WriteAllV
+  // sends them first, so someone must call it.
+  virtual bool HasUnsent() const { return false; }
   // Ends the stream in both directions, so a reader blocked in it wakes
   // (a socket's shutdown(2); nothing for pipes).
   virtual void Shutdown() = 0;
