@@ -99,6 +99,8 @@ class Converter {
         cv.wait(lock, [&] { return slot.ready && slot.run == r; });
       }
       Status s = slot.status.ok() ? WriteFetched(slot) : slot.status;
+      // Read before the slot goes back: a reader refills it at once.
+      const uint64_t data_bytes = slot.data_bytes;
       {
         std::lock_guard<std::mutex> lock(mu);
         slot.ready = false;
@@ -111,7 +113,7 @@ class Converter {
         break;
       }
       progress_.Update(std::min(size, (r + 1) * kCopyRun), size);
-      if (writeback_ != nullptr) writeback_->Wrote(slot.data_bytes);
+      if (writeback_ != nullptr) writeback_->Wrote(data_bytes);
     }
     for (std::thread& t : readers) t.join();
     return result;
