@@ -176,9 +176,7 @@ Status Connection::Negotiate() {
     if (step.next == Negotiator::Next::kStartTls) {
       // Nothing read ahead survives: bytes the client sent after STARTTLS
       // are the TLS handshake's, or garbage to it, never plaintext options.
-      std::string peer;
-      TD_ASSIGN_OR_RETURN(transport_,
-                          options_.tls->Handshake(in_fd_, out_fd_, cancel_fd_, &peer));
+      TD_ASSIGN_OR_RETURN(transport_, options_.tls->Handshake(in_fd_, out_fd_, cancel_fd_));
       // A new negotiation inside TLS: nothing chosen before it survives.
       tls.active = true;
       negotiator = Negotiator(exports_, *flags.message, shutting_down_, tls);

@@ -4,6 +4,7 @@
 #include <gnutls/x509.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -80,6 +81,11 @@ Status CheckValidNow(gnutls_certificate_credentials_t creds, const std::string& 
   }
   gnutls_x509_crt_deinit(crt);
   return out;
+}
+
+bool IsSocket(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 }  // namespace
@@ -174,15 +180,19 @@ namespace {
 // Pull and writes through Push, both buffered: GnuTLS asks for a record's
 // header and then its body (and sends record by record), so unbuffered a
 // 1 MiB request would cost some 256 system calls instead of a handful.
-// Pull takes what has arrived (up to kInBuffer) without a poll when the
-// socket has data, and otherwise polls it with the cancel descriptor.
-// Inside WriteAllV, Push collects records and sends them kOutBuffer at a
-// time; elsewhere (handshake, alerts, close_notify) it sends at once.
+// Pull takes what has arrived (up to kInBuffer) through fd_io's read,
+// which watches the cancel descriptor. Inside Encrypt, Push collects
+// records (WriteAllV sends them kOutBuffer at a time, TrySendV without
+// blocking); elsewhere (handshake, alerts, close_notify) it sends at once.
 class TlsTransport final : public Transport {
  public:
   TlsTransport(int in_fd, int out_fd, int cancel_fd,
                std::shared_ptr<const TlsCredentials> creds)
-      : in_fd_(in_fd), out_fd_(out_fd), cancel_fd_(cancel_fd), creds_(std::move(creds)) {}
+      : in_fd_(in_fd),
+        out_fd_(out_fd),
+        cancel_fd_(cancel_fd),
+        creds_(std::move(creds)),
+        out_pipe_(!IsSocket(out_fd)) {}
   ~TlsTransport() override {
     if (!session_) return;
     if (established_) {
@@ -233,11 +243,10 @@ class TlsTransport final : public Transport {
   gnutls_session_t session_ = nullptr;
   bool established_ = false;
   bool cancelled_ = false;         // reader only: Pull saw the cancel descriptor
-  bool in_pipe_ = false;           // reader only: in_fd_ is no socket
   std::vector<uint8_t> in_buf_;    // reader only: [in_pos_, in_end_) not yet pulled
   size_t in_pos_ = 0;
   size_t in_end_ = 0;
-  bool out_pipe_ = false;          // writer only: out_fd_ is no socket
+  const bool out_pipe_;            // out_fd_ is no socket (--stdio)
   // The sender's (whoever holds the connection's sending token):
   bool buffering_ = false;         // inside Encrypt
   bool stream_ = false;            // Encrypt may send as it goes
@@ -250,51 +259,21 @@ ssize_t TlsTransport::Pull(gnutls_transport_ptr_t p, void* data, size_t size) {
   auto* t = static_cast<TlsTransport*>(p);
   if (t->in_pos_ == t->in_end_) {
     if (t->in_buf_.empty()) t->in_buf_.resize(kInBuffer);
-    t->in_pos_ = t->in_end_ = 0;
-    bool wait = false;
-    for (;;) {
-      if (wait) {
-        pollfd fds[2] = {{t->in_fd_, POLLIN, 0}, {t->cancel_fd_, POLLIN, 0}};
-        const int n = poll(fds, t->cancel_fd_ >= 0 ? 2 : 1, -1);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-          gnutls_transport_set_errno(t->session_, errno);
-          return -1;
-        }
-        if (t->cancel_fd_ >= 0 && fds[1].revents) {
-          t->cancelled_ = true;
-          gnutls_transport_set_errno(t->session_, ECANCELED);
-          return -1;
-        }
+    // What has arrived, up to kInBuffer: fd_io's read takes queued bytes
+    // without a poll, and otherwise waits watching the cancel descriptor.
+    Result<size_t> got = nbd::ReadAtLeast(t->in_fd_, t->in_buf_, 1, t->cancel_fd_);
+    if (!got.has_value()) {
+      if (got.error().code() == Code::kNotFound) return 0;  // end of stream
+      int e = got.error().error_number() ? got.error().error_number() : EIO;
+      if (got.error().code() == Code::kBusy) {
+        t->cancelled_ = true;
+        e = ECANCELED;
       }
-      // A busy client's next records are there already: take them without
-      // the poll. Pipes (--stdio) cannot recv: poll, then read.
-      ssize_t got;
-      if (t->in_pipe_) {
-        if (!wait) {
-          wait = true;
-          continue;
-        }
-        got = read(t->in_fd_, t->in_buf_.data(), t->in_buf_.size());
-      } else {
-        got = recv(t->in_fd_, t->in_buf_.data(), t->in_buf_.size(), MSG_DONTWAIT);
-        if (got < 0 && errno == ENOTSOCK) {
-          t->in_pipe_ = true;
-          continue;
-        }
-      }
-      if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-        wait = true;
-        continue;
-      }
-      if (got < 0) {
-        gnutls_transport_set_errno(t->session_, errno);
-        return -1;
-      }
-      if (got == 0) return 0;  // end of stream
-      t->in_end_ = size_t(got);
-      break;
+      gnutls_transport_set_errno(t->session_, e);
+      return -1;
     }
+    t->in_pos_ = 0;
+    t->in_end_ = *got;
   }
   const size_t n = std::min(size, t->in_end_ - t->in_pos_);
   std::memcpy(data, t->in_buf_.data() + t->in_pos_, n);
@@ -323,14 +302,9 @@ Status TlsTransport::FlushOut(bool block) {
       if (!st.ok()) return Status(Code::kIoError, "TLS: write: " + st.message(), st.error_number());
       break;
     }
-    msghdr msg{};
-    msg.msg_iov = &v;
-    msg.msg_iovlen = 1;
-    const ssize_t n = sendmsg(out_fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return Status::Ok();
-    if (n < 0) return Status::FromErrno(errno, "TLS: write");
-    out_sent_ += size_t(n);
+    TD_ASSIGN_OR_RETURN(size_t n, nbd::TrySendV(out_fd_, std::span<const iovec>(&v, 1)));
+    if (n == 0) return Status::Ok();  // full: the rest waits (HasUnsent)
+    out_sent_ += n;
   }
   out_buf_.clear();
   out_sent_ = 0;
@@ -358,25 +332,27 @@ ssize_t TlsTransport::Push(gnutls_transport_ptr_t p, const giovec_t* iov, int co
     }
     return ssize_t(total);
   }
-  const int flags = MSG_NOSIGNAL | (t->closing_.load(std::memory_order_relaxed) ? MSG_DONTWAIT : 0);
-  for (;;) {
-    ssize_t n;
-    if (!t->out_pipe_) {
-      msghdr msg{};
-      msg.msg_iov = const_cast<iovec*>(reinterpret_cast<const iovec*>(iov));
-      msg.msg_iovlen = size_t(count);
-      n = sendmsg(t->out_fd_, &msg, flags);
-      if (n < 0 && errno == ENOTSOCK) {
-        t->out_pipe_ = true;
-        continue;
-      }
-    } else {
-      n = writev(t->out_fd_, reinterpret_cast<const iovec*>(iov), count);
+  // The handshake, alerts and close_notify: sent at once, all of it, but
+  // without waiting on a client that stopped reading once closing.
+  const std::span<const iovec> v(reinterpret_cast<const iovec*>(iov), size_t(count));
+  size_t total = 0;
+  for (const iovec& piece : v) total += piece.iov_len;
+  Result<size_t> n = total;
+  if (t->closing_.load(std::memory_order_relaxed) && !t->out_pipe_) {
+    n = nbd::TrySendV(t->out_fd_, v);
+    if (n.has_value() && *n == 0) {
+      gnutls_transport_set_errno(t->session_, EAGAIN);
+      return -1;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) gnutls_transport_set_errno(t->session_, errno);
-    return n;
+  } else if (Status st = nbd::WriteAllV(t->out_fd_, v); !st.ok()) {
+    n = st;
   }
+  if (!n.has_value()) {
+    gnutls_transport_set_errno(t->session_,
+                               n.error().error_number() ? n.error().error_number() : EIO);
+    return -1;
+  }
+  return ssize_t(*n);
 }
 
 Status TlsTransport::Start(bool verify_peer, std::vector<std::string>* names) {
@@ -581,13 +557,12 @@ Status TlsServer::Reload() {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Transport>> TlsServer::Handshake(int in_fd, int out_fd, int cancel_fd,
-                                                        std::string* peer) const {
+Result<std::unique_ptr<Transport>> TlsServer::Handshake(int in_fd, int out_fd,
+                                                        int cancel_fd) const {
   const State state = Current();
   auto t = std::make_unique<TlsTransport>(in_fd, out_fd, cancel_fd, state.creds);
   std::vector<std::string> names;
   TD_RETURN_IF_ERROR(t->Start(settings_.verify_peer, &names));
-  if (peer) *peer = names.empty() ? "" : names.front();
   if (!state.authz->AllowsAny(names)) {
     t->Refuse();
     const std::string who = names.empty() ? "a client without a certificate"

@@ -82,13 +82,11 @@ class TlsServer {
   // Reads credentials and authz again; on error keeps the current ones.
   Status Reload();
 
-  // The TLS handshake on (in_fd, out_fd), then authorization. `peer`
-  // receives the client's identity (DN or PSK user) once known, for logs.
-  // Errors: kIoError for a failed handshake (with GnuTLS's reason), kBusy
-  // for a refused identity or a cancelled wait, kNotFound when the client
-  // hung up.
-  Result<std::unique_ptr<Transport>> Handshake(int in_fd, int out_fd, int cancel_fd,
-                                               std::string* peer) const;
+  // The TLS handshake on (in_fd, out_fd), then authorization. Errors:
+  // kIoError for a failed handshake (with GnuTLS's reason), kBusy for a
+  // refused identity (named in the message) or a cancelled wait, kNotFound
+  // when the client hung up.
+  Result<std::unique_ptr<Transport>> Handshake(int in_fd, int out_fd, int cancel_fd) const;
 
  private:
   struct State {
