@@ -330,16 +330,21 @@ def check_starttls_twice(path, certdir, args):
     disconnect(tls)
 
 
-def check_state_reset(path, certdir, args):
-    # 1. The control: without STARTTLS, structured replies asked for are
-    #    used (so step 2 can tell whether they survived).
-    sock = greet(path)
+def plaintext_structured_replies(sock):
+    # Structured replies asked for and granted before any TLS.
     send_option(sock, OPT_STRUCTURED_REPLY)
     rtype, _ = read_reply(sock, OPT_STRUCTURED_REPLY)
     if rtype == REP_ERR_TLS_REQD:
         raise Failure("the server requires TLS: state-reset needs one that offers it optionally (--tls=on)")
     if rtype != REP_ACK:
         raise Failure("NBD_OPT_STRUCTURED_REPLY in plaintext: got %s" % rep_name(rtype))
+
+
+def check_state_reset(path, certdir, args):
+    # 1. The control: without STARTTLS, structured replies asked for are
+    #    used (so step 2 can tell whether they survived).
+    sock = greet(path)
+    plaintext_structured_replies(sock)
     go(sock)
     if read_512(sock) != STRUCTURED_REPLY_MAGIC:
         raise Failure("control: structured replies agreed (in plaintext), yet a simple reply")
@@ -347,12 +352,7 @@ def check_state_reset(path, certdir, args):
     # 2. Structured replies and a meta context agreed in plaintext, then
     #    STARTTLS: after it the session starts afresh.
     sock = greet(path)
-    send_option(sock, OPT_STRUCTURED_REPLY)
-    rtype, _ = read_reply(sock, OPT_STRUCTURED_REPLY)
-    if rtype == REP_ERR_TLS_REQD:
-        raise Failure("the server requires TLS: state-reset needs one that offers it optionally (--tls=on)")
-    if rtype != REP_ACK:
-        raise Failure("NBD_OPT_STRUCTURED_REPLY in plaintext: got %s" % rep_name(rtype))
+    plaintext_structured_replies(sock)
     send_option(sock, OPT_SET_META_CONTEXT, meta_payload([b"base:allocation"]))
     while True:
         rtype, _ = read_reply(sock, OPT_SET_META_CONTEXT)
