@@ -46,6 +46,9 @@ class Connection {
     std::unique_ptr<Connection> c(new Connection());
     c->h_ = nbd_create();
     if (c->h_ == nullptr) return NbdError("nbd_create");
+    // nbds:// URIs name their credentials as local files (tls-certificates=,
+    // tls-psk-file=); the URI is the user's own.
+    if (nbd_set_uri_allow_local_file(c->h_, true) == -1) return NbdError(uri);
     if (nbd_connect_uri(c->h_, uri.c_str()) == -1) return NbdError(uri);
     int64_t size = nbd_get_size(c->h_);
     if (size < 0) return NbdError(uri + ": export size");

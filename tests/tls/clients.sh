@@ -5,11 +5,12 @@
 # and out, qemu-io writes and pattern reads, qemu-img convert to a local
 # qcow2 and qemu-img compare with the export, fio randwrite with crc32c
 # verify; finally the whole export is compared with what was written. Then
+# a server started by socket activation (TCP) and thindisk bench over TLS;
 # qemu-nbd's own TLS command line (--object tls-creds-x509/-psk, --tls-creds
 # ID), which thindisk serve takes as qemu-nbd does.
 #   TLS_SERVER=nbdkit bash tests/tls/clients.sh
 source "$(dirname "$0")/lib.sh"
-require_tool nbdinfo nbdcopy qemu-io qemu-img fio jq cmp
+require_tool nbdinfo nbdcopy qemu-io qemu-img fio jq cmp systemd-socket-activate
 ((EUID != 0)) || require_tool setpriv
 require_tls_server
 random_seed
@@ -133,6 +134,36 @@ if [[ $TD != false ]]; then
   cmp td.raw psk2.raw || fail "thindisk convert (PSK): the copy differs from the export"
 fi
 stop_tls "$pid" p
+
+# ---- Socket activation (systemd's LISTEN_FDS) over TCP ------------------
+port=$(free_port)
+act=$(image_for_server activated 64M)
+start_tls_server "$TLS_SERVER" "sa:$port" "$act" "$PKI/server"
+pid=$SERVER_PID
+SA="nbds://localhost:$port/?tls-certificates=$PKI/alice"
+log "socket activation: nbdinfo (X.509)"
+nbdinfo --json "$SA" >info.json || fail "nbdinfo through the activated socket failed"
+expect_eq "TLS in use (socket activation)" "$(jq '.TLS' info.json)" true
+if nbdinfo --size "nbd://localhost:$port/" >/dev/null 2>&1; then
+  fail "the activated server serves plaintext clients"
+fi
+log "socket activation: qemu-io (X.509)"
+qio_tcp="driver=nbd,server.type=inet,server.host=127.0.0.1,server.port=$port,tls-creds=tls0,tls-hostname=localhost"
+qemu-io --object "$(qemu_x509 "$PKI/alice")" --image-opts "$qio_tcp" \
+  -c 'write -P 0x3e 32M 1M' -c 'read -P 0x3e 32M 1M' >qio.out || fail "qemu-io (socket activation): $(cat qio.out)"
+if [[ $TD != false ]]; then
+  # thindisk's benchmark client over TLS: W2 writes 8 MiB in 4 KiB
+  # requests, 16 in flight, W4 in 1 MiB requests; its report counts them.
+  log "thindisk bench --uri nbds:// (socket activation)"
+  timeout 60 "$TD" bench --uri "$SA" --workloads W2,W4 --size 8M --qd 16 -q --output=json >bench.json ||
+    fail "thindisk bench over TLS failed"
+  expect_eq "bench: W2 4 KiB writes" "$(jq '.results[] | select(.id == "W2") | .ops' bench.json)" 2048
+  expect_eq "bench: W4 bytes" "$(jq '.results[] | select(.id == "W4") | .bytes' bench.json)" $((8 * MiB))
+fi
+nbdcopy "$SA" act.raw || fail "nbdcopy out of the activated server failed"
+expect_same act.raw <(cat <(head -c $((32 * MiB)) /dev/zero) <(head -c "$MiB" /dev/zero | tr '\0' '\076')) \
+  $((32 * MiB)) "$MiB" "socket activation: qemu-io's 0x3e megabyte"
+stop_tls "$pid" "sa-$port"
 
 # ---- qemu-nbd's own TLS command line (thindisk takes it as it is) -------
 if [[ $TLS_SERVER == nbdkit ]]; then

@@ -159,7 +159,9 @@ qemu_nbd_opts() { echo "driver=nbd,server.type=unix,server.path=$1,tls-creds=tls
 # (thindisk, qemu-nbd or nbdkit) serving IMAGE (qcow2 when it ends in
 # .qcow2, else raw; nbdkit serves raw only) on the Unix socket SOCKET, or
 # on 127.0.0.1:PORT when SOCKET is tcp:PORT, in the background (output in
-# SOCKET-without-.sock.out/.err, tcp-PORT.out/.err). CREDS is a
+# SOCKET-without-.sock.out/.err, tcp-PORT.out/.err); when SOCKET is
+# sa:PORT, systemd-socket-activate listens on 127.0.0.1:PORT and hands the
+# socket to the server (LISTEN_FDS; output in sa-PORT.out/.err). CREDS is a
 # make_pki server directory (X.509, client certificates required and
 # verified) or a keys.psk file (PSK). TLS_MODE=on (default require) offers
 # TLS without requiring it. ARGS are passed to the server as they are (they
@@ -176,12 +178,14 @@ start_tls_server() {
 # but returns 1 when the server exits (or has no socket after 10 s) instead
 # of failing; the server's stderr is then in SOCKET-without-.sock.err.
 try_start_tls_server() {
-  local kind=$1 sock=$2 image=$3 creds=$4 fmt=raw cmd listen name port=
+  local kind=$1 sock=$2 image=$3 creds=$4 fmt=raw cmd listen name port= activate=
   shift 4
   local mode=${TLS_MODE:-require}
   [[ $image == *.qcow2 ]] && fmt=qcow2
   if [[ $sock == tcp:* ]]; then
     port=${sock#tcp:} name=tcp-$port
+  elif [[ $sock == sa:* ]]; then
+    port=${sock#sa:} name=sa-$port activate=1
   else
     name=$(basename "$sock" .sock)
   fi
@@ -189,6 +193,7 @@ try_start_tls_server() {
     thindisk)
       listen=(-k "$sock")
       [[ -z $port ]] || listen=(-b 127.0.0.1 -p "$port")
+      [[ -z $activate ]] || listen=()
       cmd=("$TD" serve "${listen[@]}" -f "$fmt" "--tls=$mode")
       if [[ -d $creds ]]; then cmd+=(--tls-creds "$creds"); else cmd+=(--tls-psk "$creds"); fi
       cmd+=("$@" "$image")
@@ -203,6 +208,7 @@ try_start_tls_server() {
       fi
       listen=(-k "$sock")
       [[ -z $port ]] || listen=(-b 127.0.0.1 -p "$port")
+      [[ -z $activate ]] || listen=()
       cmd+=(--tls-creds tls0 "${listen[@]}" -f "$fmt" -t "$@" "$image")
       ;;
     nbdkit)
@@ -215,10 +221,12 @@ try_start_tls_server() {
       fi
       listen=(-U "$sock")
       [[ -z $port ]] || listen=(-i 127.0.0.1 -p "$port")
+      [[ -z $activate ]] || listen=()
       cmd+=("${listen[@]}" "$@" file "$image")
       ;;
     *) fail "start_tls_server: unknown server kind '$kind'" ;;
   esac
+  [[ -z $activate ]] || cmd=(systemd-socket-activate -l "127.0.0.1:$port" "${cmd[@]}")
   spawn "$name" "${cmd[@]}"
   local i
   for ((i = 0; i < 200; i++)); do

@@ -5,7 +5,9 @@
 # client certificate of the old CA is refused once ca-cert.pem names the
 # new one); a reload that cannot read its files keeps the old credentials
 # and says so; SIGTERM then ends the server cleanly with the TLS session
-# still open. thindisk only (the reference servers have no reload).
+# still open; a server certificate that expires while served is refused by
+# clients until a SIGHUP rotates in a fresh one. thindisk only (the
+# reference servers have no reload).
 source "$(dirname "$0")/lib.sh"
 [[ $TLS_SERVER == thindisk ]] || { echo "reload: thindisk only"; exit 77; }
 require_tool nbdinfo qemu-io qemu-img mkfifo
@@ -49,16 +51,18 @@ qio() {
 }
 qio "write -P 0x5c 1M 256k"
 
-# wait_log TEXT: the server's log says TEXT within 10 s.
-wait_log() {
+# wait_log_in FILE TEXT: the server log FILE says TEXT within 10 s.
+wait_log_in() {
   local i
   for ((i = 0; i < 100; i++)); do
-    grep -q -- "$1" s.err && return 0
+    grep -q -- "$2" "$1" && return 0
     sleep 0.1
   done
-  cat s.err >&2
-  fail "the server never logged '$1'"
+  cat "$1" >&2
+  fail "the server never logged '$2'"
 }
+# wait_log TEXT: the first server's log (s.err) says TEXT.
+wait_log() { wait_log_in s.err "$1"; }
 
 log "rotate to a new CA, server certificate and key; SIGHUP"
 cp "$new"/server/*.pem live/
@@ -94,4 +98,32 @@ grep -q "failed" qio.out && fail "the open session failed: $(cat qio.out)"
   fail "the open session did not read back both writes: $(cat qio.out)"
 qemu-io -f qcow2 -r -c "read -P 0x5c 1M 256k" -c "read -P 0x6d 2M 64k" disk.qcow2 >final.out 2>&1 ||
   fail "the writes of the open session are not in the image: $(cat final.out)"
+log "a certificate that expires while served: clients refuse it; SIGHUP rotates in a fresh one"
+# Signed by the new CA (make_pki pki2 left PKI_CA there), valid for a few
+# seconds from now: thindisk starts with it (it refuses to
+# start with an expired one), then it expires under the running server.
+# libnbd checks the server's certificate over TCP only (tests/tls/refusals.sh).
+expires=$(date -u -d '+4 seconds' '+%s')
+pki_server "$TMP/soon" "activation_date = \"$(date -u -d '1 day ago' '+%Y-%m-%d %H:%M:%S')\"" \
+  "expiration_date = \"$(date -u -d "@$expires" '+%Y-%m-%d %H:%M:%S')\""
+mkdir live2
+cp "$TMP"/soon/*.pem live2/
+port=$(free_port)
+start_tls_server thindisk "tcp:$port" disk.qcow2 "$TMP/live2"
+pid=$SERVER_PID
+uri="nbds://localhost:$port/?tls-certificates=$new/alice"
+nbdinfo --size "$uri" >/dev/null 2>soon.err || fail "the certificate was refused before it expired: $(cat soon.err)"
+while (($(date +%s) <= expires)); do sleep 0.2; done
+if nbdinfo --size "$uri" >/dev/null 2>late.err; then
+  fail "nbdinfo accepted the server certificate after it expired"
+fi
+grep -qi "certificate" late.err || fail "the client's refusal does not blame the certificate: $(cat late.err)"
+log "nbdinfo refused the expired certificate: $(head -1 late.err)"
+kill -0 "$pid" || fail "the server died under clients refusing its certificate"
+cp "$new"/server/*.pem live2/
+kill -HUP "$pid"
+wait_log_in "tcp-$port.err" "TLS credentials reloaded"
+nbdinfo --size "$uri" >/dev/null 2>fresh.err ||
+  fail "the fresh certificate is refused after the reload: $(cat fresh.err)"
+stop_tls "$pid" "tcp-$port"
 log "reload: ok"
