@@ -204,6 +204,13 @@ class AmendCommand final : public Subcommand {
     if (h.nb_snapshots > 0) {
       return refuse("internal snapshots (their zero clusters cannot be converted here)");
     }
+    // A version 2 header has no autoclear bits: its bitmaps could never be
+    // consistent again (qemu-img downgrades and loses them silently).
+    bool bitmaps = h.bitmaps.has_value();
+    for (const qcow2::RawExtension& e : h.unknown_extensions) bitmaps |= e.type == qcow2::kExtBitmaps;
+    if (bitmaps) {
+      return refuse("persistent bitmaps (remove them first: thindisk bitmap --remove IMAGE NAME)");
+    }
     uint64_t other = h.incompatible_features & ~qcow2::kIncompatDirty;
     if (other != 0) return refuse("incompatible feature bits " + std::to_string(other));
     return Status::Ok();

@@ -54,8 +54,11 @@ enum class Event : uint8_t {
   kCompressedWrite,  // a compressed cluster is written
   kDiscardPunch,     // host space of discarded data is punched
   kSnapshotTable,    // the snapshot table is written
+  kBitmapMark,       // bitmap data sectors are set ahead of a change (qcow2/bitmap_tracker.h)
+  kBitmapUpdate,     // bitmap data is written in place (close, clear, merge, new clusters)
+  kBitmapTable,      // a bitmap table (whole, or entries in place) or the directory is written
 };
-inline constexpr int kEventCount = int(Event::kSnapshotTable) + 1;
+inline constexpr int kEventCount = int(Event::kBitmapTable) + 1;
 
 // The event's stable name ("l2_update"), for messages and test names.
 constexpr const char* EventName(Event e) {
@@ -63,7 +66,8 @@ constexpr const char* EventName(Event e) {
       "refblock_update", "refblock_alloc", "reftable_update", "reftable_grow",
       "l2_alloc",        "l2_update",      "l1_update",       "l1_grow",
       "header_update",   "cow_read",       "cow_write",       "data_write",
-      "compressed_write", "discard_punch", "snapshot_table"};
+      "compressed_write", "discard_punch", "snapshot_table", "bitmap_mark",
+      "bitmap_update",   "bitmap_table"};
   return size_t(e) < size_t(kEventCount) ? kNames[size_t(e)] : "unknown";
 }
 

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <limits>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "qcow2/format.h"
@@ -39,11 +40,6 @@ constexpr uint8_t kOverlapReported = 0x80;
 // Clusters the check tracks in memory (4 bytes + 1 byte each): 2^28 is
 // 32 TiB of 128 KiB clusters and 1.25 GiB of memory.
 constexpr uint64_t kMaxCheckedClusters = 1ull << 28;
-// Bitmaps extension layout (spec: "Bitmaps extension", "Bitmap directory").
-constexpr size_t kBitmapExtSize = 24;
-constexpr size_t kBitmapDirEntryFixed = 24;
-constexpr uint64_t kMaxBitmapDirectoryBytes = 64ull << 20;
-constexpr uint64_t kMaxBitmapTableEntries = 1ull << 24;
 
 const char* RoleName(uint8_t role) {
   switch (role) {
@@ -282,59 +278,56 @@ class Checker {
     }
   }
 
-  // Bitmaps: directory, bitmap tables and the clusters they name.
+  // Bitmaps: directory, bitmap tables and the clusters they name. An
+  // inconsistent extension (autoclear bit clear) is walked too: its
+  // clusters stay referenced until something removes it.
   void WalkBitmaps() {
+    std::optional<BitmapsExtension> ext = h_.bitmaps;
     for (const RawExtension& e : h_.unknown_extensions) {
       if (e.type != kExtBitmaps) continue;
-      if (e.data.size() < kBitmapExtSize) {
-        Corruption("ERROR bitmaps extension is too short");
-        return;
-      }
-      uint32_t nb = LoadBe32(&e.data[0]);
-      uint64_t dir_size = LoadBe64(&e.data[8]);
-      uint64_t dir_offset = LoadBe64(&e.data[16]);
-      if (dir_size > kMaxBitmapDirectoryBytes || (dir_offset & (cs_ - 1)) || dir_offset == 0) {
-        Corruption(fmt::format("ERROR bitmap directory at {:#x} ({} bytes) is invalid",
-                               dir_offset, dir_size));
-        return;
-      }
-      if (!Reference(dir_offset, dir_size, kExclusiveRole, "bitmap directory")) return;
-      std::vector<uint8_t> dir(dir_size);
-      if (!ReadOrReport(dir_offset, dir, "the bitmap directory")) return;
-      uint64_t pos = 0;
-      for (uint32_t i = 0; i < nb; ++i) {
-        if (pos + kBitmapDirEntryFixed > dir.size()) {
-          Corruption("ERROR bitmap directory is truncated");
-          return;
-        }
-        uint64_t table_offset = LoadBe64(&dir[pos]);
-        uint32_t table_size = LoadBe32(&dir[pos + 8]);
-        uint64_t len = kBitmapDirEntryFixed + uint64_t{LoadBe16(&dir[pos + 18])} +
-                       LoadBe32(&dir[pos + 20]);
-        pos += (len + 7) & ~uint64_t{7};
-        WalkBitmapTable(table_offset, table_size, i);
-      }
+      auto decoded = DecodeBitmapsExtension(e.data, cs_, file_size_);
+      if (!decoded) return Corruption("ERROR " + decoded.error().message());
+      ext = *decoded;
+    }
+    if (!ext) return;
+    const uint64_t dir_offset = ext->bitmap_directory_offset;
+    const uint64_t dir_size = ext->bitmap_directory_size;
+    if (!Reference(dir_offset, dir_size, kExclusiveRole, "bitmap directory")) return;
+    std::vector<uint8_t> dir(dir_size);
+    if (!ReadOrReport(dir_offset, dir, "the bitmap directory")) return;
+    auto entries = DecodeBitmapDirectory(dir, ext->nb_bitmaps);
+    if (!entries) return Corruption("ERROR " + entries.error().message());
+    for (const BitmapDirectoryEntry& e : *entries) {
+      std::string bad = CheckBitmapEntry(e, h_.size, cs_, file_size_);
+      if (!bad.empty()) Corruption(fmt::format("ERROR bitmap '{}': {}", e.name, bad));
+      WalkBitmapTable(e);
     }
   }
 
-  void WalkBitmapTable(uint64_t offset, uint32_t entries, uint32_t index) {
-    std::string what = fmt::format("bitmap table {}", index);
+  // Counts the table's clusters and its data clusters, as long as the
+  // table itself can be read (so a bitmap with a wrong size still keeps
+  // the clusters it names from being taken for leaks).
+  void WalkBitmapTable(const BitmapDirectoryEntry& e) {
+    const std::string what = fmt::format("bitmap '{}' table", e.name);
+    const uint64_t offset = e.bitmap_table_offset;
+    const uint64_t entries = e.bitmap_table_size;
     if (entries == 0) return;
     if (entries > kMaxBitmapTableEntries || (offset & (cs_ - 1)) || offset == 0) {
-      Corruption(fmt::format("ERROR {} at {:#x} ({} entries) is invalid", what, offset, entries));
-      return;
+      return Corruption(
+          fmt::format("ERROR {} at {:#x} ({} entries) is invalid", what, offset, entries));
     }
-    if (!Reference(offset, uint64_t{entries} * 8, kExclusiveRole, what)) return;
-    std::vector<uint8_t> raw(uint64_t{entries} * 8);
+    if (!Reference(offset, entries * 8, kExclusiveRole, what)) return;
+    std::vector<uint8_t> raw(entries * 8);
     if (!ReadOrReport(offset, raw, what)) return;
-    for (uint32_t i = 0; i < entries; ++i) {
-      uint64_t data = LoadBe64(&raw[i * 8]) & kOffsetMask;
-      if (data == 0) continue;
-      if (data & (cs_ - 1)) {
-        Corruption(fmt::format("ERROR {} entry {} is not cluster aligned", what, i));
+    for (uint64_t i = 0; i < entries; ++i) {
+      auto entry = DecodeBitmapTableEntry(LoadBe64(&raw[i * 8]), cs_, file_size_);
+      if (!entry) {
+        Corruption(fmt::format("ERROR {} entry {}: {}", what, i, entry.error().message()));
         continue;
       }
-      Reference(data, cs_, kExclusiveRole, fmt::format("{} data", what));
+      if (entry->host_offset != 0) {
+        Reference(entry->host_offset, cs_, kExclusiveRole, fmt::format("{} data", what));
+      }
     }
   }
 

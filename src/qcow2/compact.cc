@@ -24,7 +24,6 @@ constexpr uint64_t kMaxHeadBytes = 2ull << 20;
 constexpr uint64_t kMaxSnapshotTableBytes = 64ull << 20;
 // All-zero runs of this size in data clusters are left as holes.
 constexpr uint64_t kSparseGrain = 4096;
-constexpr uint64_t kAutoclearBitmaps = 1;
 
 uint64_t DivRoundUp(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 
@@ -62,9 +61,7 @@ class Compactor {
     if (h_.incompatible_features & kIncompatCorrupt) {
       return Status::Corrupt("image is marked corrupt; repair it (check -r all) first");
     }
-    bool has_bitmaps_ext = false;
-    for (const RawExtension& e : h_.unknown_extensions) has_bitmaps_ext |= e.type == kExtBitmaps;
-    if (has_bitmaps_ext && (h_.autoclear_features & kAutoclearBitmaps)) {
+    if (h_.bitmaps) {
       return Status::NotSupported(
           "image has persistent dirty bitmaps, which compact cannot relocate yet; remove them "
           "(qemu-img bitmap --remove) first");

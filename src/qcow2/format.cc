@@ -61,6 +61,7 @@ struct ParsedExtensions {
   std::string backing_format;
   std::vector<FeatureName> feature_names;
   std::vector<RawExtension> unknown;
+  std::optional<RawExtension> bitmaps;  // decoded by DecodeHeader, which knows the features
 };
 
 Result<std::vector<FeatureName>> DecodeFeatureNames(std::span<const uint8_t> data) {
@@ -123,6 +124,10 @@ Result<ParsedExtensions> DecodeExtensions(std::span<const uint8_t> bytes, uint64
         TD_ASSIGN_OR_RETURN(out.feature_names, DecodeFeatureNames(data));
         break;
       }
+      case kExtBitmaps:
+        if (out.bitmaps) return Status::Corrupt("duplicate bitmaps extension");
+        out.bitmaps = RawExtension{type, {data.begin(), data.end()}};
+        break;
       default:
         out.unknown.push_back(RawExtension{type, {data.begin(), data.end()}});
         break;
@@ -311,6 +316,14 @@ Result<Header> DecodeHeader(std::span<const uint8_t> bytes, uint64_t file_size) 
   h.backing_format = std::move(ext.backing_format);
   h.feature_names = std::move(ext.feature_names);
   h.unknown_extensions = std::move(ext.unknown);
+  if (ext.bitmaps && h.version >= 3 && (h.autoclear_features & kAutoclearBitmaps)) {
+    auto bitmaps = DecodeBitmapsExtension(ext.bitmaps->data, cs, file_size);
+    if (!bitmaps) return bitmaps.error();
+    h.bitmaps = *bitmaps;
+  } else if (ext.bitmaps) {
+    // Inconsistent (the autoclear bit is clear): not ours to interpret.
+    h.unknown_extensions.insert(h.unknown_extensions.begin(), std::move(*ext.bitmaps));
+  }
 
   // 5. Features, then the tables.
   TD_RETURN_IF_ERROR(CheckFeatures(h));
@@ -318,7 +331,29 @@ Result<Header> DecodeHeader(std::span<const uint8_t> bytes, uint64_t file_size) 
   return h;
 }
 
+namespace {
+
+Result<std::vector<uint8_t>> EncodeHeaderAsIs(const Header& h);
+
+}  // namespace
+
 Result<std::vector<uint8_t>> EncodeHeader(const Header& h) {
+  auto bytes = EncodeHeaderAsIs(h);
+  if (bytes || h.feature_names.empty() || bytes.error().code() != Code::kInvalidArgument) {
+    return bytes;
+  }
+  // The feature name table only labels bits for messages: where it does
+  // not fit (512-byte clusters with bitmaps or a long backing name), the
+  // header goes without it, as qemu writes it.
+  Header without = h;
+  without.feature_names.clear();
+  auto smaller = EncodeHeaderAsIs(without);
+  return smaller ? smaller : bytes;
+}
+
+namespace {
+
+Result<std::vector<uint8_t>> EncodeHeaderAsIs(const Header& h) {
   if (h.version != 2 && h.version != 3) {
     return Status::InvalidArgument(fmt::format("cannot encode qcow2 version {}", h.version));
   }
@@ -368,6 +403,14 @@ Result<std::vector<uint8_t>> EncodeHeader(const Header& h) {
     StoreBe32(&out[pos + 4], uint32_t(data.size()));
     if (!data.empty()) std::memcpy(&out[pos + kExtHeaderSize], data.data(), data.size());
   };
+  // The bitmaps extension first: right after the fixed fields it lies in
+  // the header's first sector, so a header write that moves the directory
+  // (one sector, written whole) can never pair a new count with an old
+  // offset.
+  if (h.bitmaps) {
+    if (!v3) return Status::InvalidArgument("version 2 images cannot have bitmaps");
+    append_ext(kExtBitmaps, EncodeBitmapsExtension(*h.bitmaps));
+  }
   if (!h.backing_format.empty()) {
     append_ext(kExtBackingFormat, {reinterpret_cast<const uint8_t*>(h.backing_format.data()),
                                    h.backing_format.size()});
@@ -388,7 +431,8 @@ Result<std::vector<uint8_t>> EncodeHeader(const Header& h) {
     append_ext(kExtFeatureNameTable, table);
   }
   for (const RawExtension& e : h.unknown_extensions) {
-    if (e.type == kExtEnd || e.type == kExtBackingFormat || e.type == kExtFeatureNameTable) {
+    if (e.type == kExtEnd || e.type == kExtBackingFormat || e.type == kExtFeatureNameTable ||
+        (e.type == kExtBitmaps && h.bitmaps)) {
       return Status::InvalidArgument(
           fmt::format("extension type {} cannot be kept as unknown", Hex(e.type)));
     }
@@ -412,6 +456,8 @@ Result<std::vector<uint8_t>> EncodeHeader(const Header& h) {
   }
   return out;
 }
+
+}  // namespace
 
 std::vector<FeatureName> DefaultFeatureNames() {
   return {

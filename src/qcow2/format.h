@@ -11,10 +11,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "qcow2/bitmap_directory.h"
 #include "qcow2/snapshot_table.h"
 #include "qcow2/table_entry.h"
 #include "util/result.h"
@@ -50,10 +52,12 @@ inline constexpr uint64_t kIncompatKnown = kIncompatDirty | kIncompatCorrupt |
                                            kIncompatCompression | kIncompatExtendedL2;
 // Compatible feature bits.
 inline constexpr uint64_t kCompatLazyRefcounts = 1ull << 0;
-// Autoclear bits we understand (none: bitmaps and raw external data are
-// cleared when we open read-write, as the spec requires of software that
-// does not maintain them).
-inline constexpr uint64_t kAutoclearKnown = 0;
+// Autoclear bits we understand: the bitmaps bit (kAutoclearBitmaps, in
+// qcow2/bitmap_directory.h), which the engine keeps set while it tracks
+// every change in the bitmaps. Others (raw external data) are cleared when
+// we open read-write, as the spec requires of software that does not
+// maintain them.
+inline constexpr uint64_t kAutoclearKnown = kAutoclearBitmaps;
 
 // Header extension types.
 inline constexpr uint32_t kExtEnd = 0x00000000;
@@ -103,7 +107,12 @@ struct Header {
   std::string backing_file;
   std::string backing_format;  // empty when no extension
   std::vector<FeatureName> feature_names;
-  std::vector<RawExtension> unknown_extensions;  // includes bitmaps, kept verbatim
+  // The bitmaps extension, when it is there and consistent (autoclear bit
+  // 0 set, version 3). An inconsistent one (a program that does not keep
+  // bitmaps wrote the image) is kept verbatim among the unknown extensions:
+  // its bitmaps are not used, and its clusters stay referenced.
+  std::optional<BitmapsExtension> bitmaps;
+  std::vector<RawExtension> unknown_extensions;  // kept verbatim
 
   uint64_t cluster_size() const { return 1ull << cluster_bits; }
   bool extended_l2() const { return incompatible_features & kIncompatExtendedL2; }
@@ -125,8 +134,8 @@ struct Header {
 // the feature name table has it, its name).
 Result<Header> DecodeHeader(std::span<const uint8_t> bytes, uint64_t file_size);
 
-// Encodes header, extensions (backing format, feature name table, unknown
-// extensions in order, end marker) and the backing file name, which is
+// Encodes header, extensions (bitmaps, backing format, feature name table,
+// unknown extensions in order, end marker) and the backing file name, which is
 // placed right after the extensions (backing_file_offset and
 // backing_file_size are computed, not taken from `h`). The result is at most
 // one cluster; kInvalidArgument if it would not fit. Version 2 headers are

@@ -40,6 +40,11 @@ struct OpenOptions {
   // Do not open the backing file even if the header names one (info, check,
   // rebase -u): reads of unallocated ranges then return zeros.
   bool no_backing = false;
+  // Guest bytes an enabled bitmap marks ahead at once (rounded to its
+  // granularity); 0: BitmapTracker::kMarkAheadBytes. Smaller costs more
+  // syncs and leaves less marked after a crash: the crash suite sets it
+  // small so that its coverage check has teeth.
+  uint64_t bitmap_mark_ahead = 0;
   // Open this internal snapshot's view instead of the active image (qemu-nbd
   // -l): read-only whatever read_only says, with the snapshot's L1 table and
   // virtual size (its disk_size; the current size on images whose snapshot

@@ -28,6 +28,8 @@ Status ImageImpl::Deallocate(uint64_t offset, uint64_t length) {
     return Status::InvalidArgument("deallocate: range is not aligned to the subcluster size " +
                                    std::to_string(scs()));
   }
+  // What the range reads may change (to the backing file's content).
+  TD_RETURN_IF_ERROR(MarkChanged(offset, length));
   // What the changed mappings released: punched, then freed, after the flush.
   struct Released {
     L2Mapping old;

@@ -86,10 +86,19 @@ Status ImageImpl::FlushMetadataLocked() {
   if (header_dirty_) {
     if (!synced) TD_RETURN_IF_ERROR(storage_->Flush());
     header_.size = size_.load();
-    TD_RETURN_IF_ERROR(WriteHeaderLocked());
-    TD_RETURN_IF_ERROR(storage_->Flush());
+    // A resize's bitmaps are named by the same one-sector write as the
+    // size (image_bitmaps.cc): their stage-1 sync made them durable.
+    const std::optional<BitmapsExtension> bitmaps = header_.bitmaps;
+    if (resized_bitmaps_) header_.bitmaps = resized_bitmaps_->ext;
+    Status st = WriteHeaderLocked();
+    if (st.ok()) st = storage_->Flush();
+    if (!st.ok()) {
+      header_.bitmaps = bitmaps;
+      return st;
+    }
     header_dirty_ = false;
     synced = true;
+    if (resized_bitmaps_) ApplyResizedBitmapsLocked();
   }
   // Nothing dirty: the flush is one fdatasync.
   if (!synced) TD_RETURN_IF_ERROR(storage_->Flush());

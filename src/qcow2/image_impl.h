@@ -9,6 +9,9 @@
 //   image_flush.cc   the ordered write-back flush (docs/engine.md)
 //   image_resize.cc  grow and shrink
 //   image_compress.cc WriteCompressed
+//   image_bitmaps.cc  persistent bitmaps: load at open, keep tracked ones
+//                     allocated, store the directory (qcow2/bitmaps.h has
+//                     the operations, qcow2/bitmap_tracker.h the marking)
 //
 // Locking (docs/engine.md "Concurrency"):
 //   flush_mu_  serializes Flush/Resize/Close.
@@ -19,6 +22,8 @@
 //   range_lock_ one guest cluster per writer piece.
 //   mu_        metadata: L1, both caches, allocator, header copy. Never held
 //              across data I/O (table loads excepted).
+//   tracker_   its own lock, taken by Mark before a request takes any other
+//              (bitmap_tracker.h); never while holding mu_ during requests.
 // Lock order: flush_mu_ > range lock > free_gate_ > mu_ > compressed_mu_.
 #pragma once
 
@@ -33,6 +38,7 @@
 #include <vector>
 
 #include "qcow2/allocator.h"
+#include "qcow2/bitmap_tracker.h"
 #include "qcow2/image.h"
 #include "qcow2/range_lock.h"
 #include "qcow2/table_cache.h"
@@ -76,6 +82,8 @@ class ImageImpl final : public Image {
   // Internal snapshots (snapshot.cc) rewrite the L1 table, refcounts and
   // header with the engine's own caches and ordered flush.
   friend class SnapshotEditor;
+  // Persistent bitmaps (bitmaps.cc) likewise, with the directory below.
+  friend class BitmapEditor;
 
   // ---- geometry ----
   uint64_t cs() const { return cluster_size_; }
@@ -153,6 +161,48 @@ class ImageImpl final : public Image {
   Status PreallocateBatch(uint64_t first, uint64_t count, Preallocation mode,
                           std::string* warning);
 
+  // ---- persistent bitmaps (image_bitmaps.cc) ----
+  // Before a change to guest bytes [offset, offset + length): every
+  // tracked bitmap marks it, durably (bitmap_tracker.h).
+  Status MarkChanged(uint64_t offset, uint64_t length) {
+    return tracker_ ? tracker_->Mark(offset, length) : Status::Ok();
+  }
+  // At open: reads the directory; read-write, starts tracking the enabled
+  // bitmaps (their data clusters all allocated first) and sets in_use on
+  // enabled ones it cannot keep (an inconsistent bitmap, as qemu marks
+  // them). REQUIRES mu_ and no request in flight.
+  Status OpenBitmapsLocked();
+  // Writes `entries` as the new directory (or drops the extension when
+  // empty) and switches the header to it; the old directory is freed
+  // deferred. REQUIRES mu_ and no request in flight.
+  Status StoreBitmapDirectoryLocked(std::vector<BitmapDirectoryEntry> entries);
+  // Makes entry `e`'s data hold `bits`: in place where a data cluster
+  // exists, in new clusters where one must (all of them with
+  // `allocate_all`), then the changed table entries in place. Ends synced.
+  // REQUIRES mu_ and no request in flight.
+  Status StoreBitmapBitsLocked(const BitmapDirectoryEntry& e, const BitVector& bits,
+                               bool allocate_all);
+  // Writes `bits` as a new bitmap like `e`: data clusters (every one with
+  // `allocate_all`, else only those with a bit set) and a table, all newly
+  // allocated; nothing names them yet and nothing is synced. Returns `e`
+  // with the new table; `data_clusters` (optional) gets each entry's
+  // cluster (0: none). REQUIRES mu_.
+  Result<BitmapDirectoryEntry> WriteNewBitmapLocked(const BitmapDirectoryEntry& e,
+                                                    const BitVector& bits, bool allocate_all,
+                                                    std::vector<uint64_t>* data_clusters);
+  // A resize's bitmaps: every bitmap written anew at the new size (tracked
+  // ones with all data clusters, holding their exact bits), and a new
+  // directory, none named yet. The header write that carries the new size
+  // names them too (FlushMetadataLocked), so no crash can pair a size with
+  // bitmaps of another size; ApplyResizedBitmapsLocked then frees the old
+  // ones and tracks the new. kInvalidArgument when a bitmap is
+  // inconsistent or would exceed the limits at the new size. REQUIRES mu_.
+  Status PrepareResizedBitmapsLocked(uint64_t new_size);
+  void ApplyResizedBitmapsLocked();
+  // The table entries of `e` (validated) and its bits as stored.
+  Result<std::vector<BitmapTableEntry>> ReadBitmapTableLocked(const BitmapDirectoryEntry& e);
+  Result<BitVector> ReadBitmapBitsLocked(const BitmapDirectoryEntry& e);
+
   // ---- flush (image_flush.cc) ----
   Status FlushMetadataLocked();  // stages 1-4; REQUIRES mu_
   Status WriteHeaderLocked();    // encodes header_ at offset 0; REQUIRES mu_
@@ -189,6 +239,19 @@ class ImageImpl final : public Image {
   std::unique_ptr<TableCache> l2_cache_;     // guarded by mu_
   std::unique_ptr<Allocator> allocator_;     // guarded by mu_
   bool in_metadata_flush_ = false;           // guarded by mu_
+  // The bitmap directory as on disk (empty without a consistent bitmaps
+  // extension), and the tracker of the enabled bitmaps (every read-write
+  // open has one, set in Init and never replaced; it may track none).
+  std::vector<BitmapDirectoryEntry> bitmap_dir_;  // guarded by mu_
+  std::string bitmap_error_;  // guarded by mu_: why a read-only open could not read the directory
+  std::unique_ptr<BitmapTracker> tracker_;
+  struct ResizedBitmaps {
+    BitmapsExtension ext;
+    std::vector<BitmapDirectoryEntry> dir;
+    std::vector<Allocator::Range> frees;  // the old bitmaps' clusters
+    std::vector<BitmapTracker::Bitmap> tracked;
+  };
+  std::unique_ptr<ResizedBitmaps> resized_bitmaps_;  // guarded by mu_
 
   // Last decompressed clusters, keyed by host offset.
   std::mutex compressed_mu_;

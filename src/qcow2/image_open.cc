@@ -130,6 +130,11 @@ Status ImageImpl::Init(const OpenOptions& options, uint64_t file_size) {
       header_.autoclear_features &= kAutoclearKnown;
       rewrite = true;
     }
+    if ((header_.autoclear_features & kAutoclearBitmaps) && !header_.bitmaps) {
+      // The bitmaps bit without the extension is an error (spec): drop it.
+      header_.autoclear_features &= ~kAutoclearBitmaps;
+      rewrite = true;
+    }
     if (header_.incompatible_features & kIncompatDirty) {
       header_.incompatible_features &= ~kIncompatDirty;  // repaired in Open
       rewrite = true;
@@ -182,7 +187,17 @@ Status ImageImpl::Init(const OpenOptions& options, uint64_t file_size) {
   // refcount block.
   if (!read_only_) allocator_->SetReserve(Allocator::DefaultReserve(cluster_size_));
 
-  // 4. The backing file.
+  // 4. Persistent bitmaps: a snapshot's view has none (they follow the
+  // active disk); a writer tracks the enabled ones from here on.
+  if (!read_only_) {
+    tracker_ = std::make_unique<BitmapTracker>(*storage_, cluster_size_, options.bitmap_mark_ahead);
+  }
+  if (!snapshot_view) {
+    std::lock_guard lock(mu_);
+    TD_RETURN_IF_ERROR(OpenBitmapsLocked());
+  }
+
+  // 5. The backing file.
   if (!header_.backing_file.empty() && !options.no_backing) {
     if (!options.open_backing) {
       return Status::InvalidArgument("image has backing file '" + header_.backing_file +
@@ -227,6 +242,9 @@ Status ImageImpl::Close() {
     std::lock_guard lock(mu_);
     s = FlushMetadataLocked();
   }
+  // Every change is durable now: the bitmaps can hold exactly their
+  // changes instead of the regions marked ahead.
+  if (s.ok() && tracker_) s = tracker_->WriteBack();
   closed_ = true;
   if (backing_) {
     Status b = backing_->Close();

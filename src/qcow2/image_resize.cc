@@ -181,10 +181,15 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
       Status z = ZeroRange(new_size, tail_end - new_size, true, false, false);
       if (!z.ok()) return z.WithContext("zeroing the cut tail at " + Hex(new_size));
     }
-    // 3. Drop what lies past the end.
+    // 3. Drop what lies past the end; the bitmaps shrink with the disk.
     {
       std::lock_guard lock(mu_);
-      TD_RETURN_IF_ERROR(DropMappingsPastLocked(new_size, old_size));
+      TD_RETURN_IF_ERROR(PrepareResizedBitmapsLocked(new_size));
+      Status dropped = DropMappingsPastLocked(new_size, old_size);
+      if (!dropped.ok()) {
+        resized_bitmaps_.reset();  // never named: their clusters leak at worst
+        return dropped;
+      }
       size_ = new_size;
       header_dirty_ = true;
     }
@@ -206,6 +211,7 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
       return Status::InvalidArgument("size " + std::to_string(new_size) +
                                      " needs an L1 table larger than the limit");
     }
+    TD_RETURN_IF_ERROR(PrepareResizedBitmapsLocked(new_size));
     if (needed > l1_.size()) {
       // A larger L1 goes to a new place; stage 4 writes it, then the header.
       uint64_t clusters = (needed * 8 + cs() - 1) / cs();

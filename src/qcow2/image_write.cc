@@ -19,6 +19,7 @@ uint32_t SubMask(uint32_t first, uint32_t last) {
 Status ImageImpl::Write(uint64_t offset, std::span<const uint8_t> buf, block::WriteFlags flags) {
   if (read_only_) return Status::ReadOnly(info_.filename + ": image is opened read-only");
   TD_RETURN_IF_ERROR(CheckRange(offset, buf.size()));
+  TD_RETURN_IF_ERROR(MarkChanged(offset, buf.size()));
   uint64_t done = 0;
   while (done < buf.size()) {
     uint64_t pos = offset + done;

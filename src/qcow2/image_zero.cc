@@ -39,6 +39,7 @@ Status ImageImpl::ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool f
       return Status::NotSupported("zeroing this range would need data writes");
     }
   }
+  TD_RETURN_IF_ERROR(MarkChanged(offset, length));
   uint64_t done = 0;
   const uint64_t l2_span = l2_entries_ * cs();
   while (done < length) {

@@ -385,6 +385,12 @@ Status SnapshotEditor::Apply(const std::string& id_or_name) {
   TD_RETURN_IF_ERROR(img_.FlushAll());
   {
     std::lock_guard lock(img_.mu_);
+    if (!img_.bitmap_dir_.empty()) {
+      // The whole disk would change under them; qemu refuses the same.
+      return Status::NotSupported(
+          "cannot revert to a snapshot while the image has persistent bitmaps: remove them "
+          "first (thindisk bitmap --remove IMAGE NAME)");
+    }
     TD_ASSIGN_OR_RETURN(TableOnDisk t, ReadTable(*img_.storage_, img_.header_));
     int idx = FindSnapshot(t.snapshots, id_or_name);
     if (idx < 0)

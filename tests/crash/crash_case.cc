@@ -13,6 +13,7 @@
 #include "crash/workload.h"
 #include "io/faulty_storage.h"
 #include "io/memory_storage.h"
+#include "qcow2/bitmaps.h"
 #include "qcow2/check.h"
 #include "qcow2/image.h"
 #include "qcow2/image_test_util.h"
@@ -29,7 +30,7 @@ uint64_t Mix(uint64_t x) {
 }
 
 qcow2::OpenOptions OpenOptionsFor(const Geometry& g, const std::vector<uint8_t>& backing,
-                                  uint64_t cache_bytes) {
+                                  uint64_t cache_bytes, uint64_t mark_ahead = 0) {
   qcow2::OpenOptions o;
   if (g.backing_size) {
     // BackingBytes lives as long as the process: the backing devices share
@@ -38,7 +39,58 @@ qcow2::OpenOptions OpenOptionsFor(const Geometry& g, const std::vector<uint8_t>&
     o = qcow2::testing::BackedBy(SharedBytes(SharedBytes(), &backing));
   }
   o.cache_bytes = cache_bytes;
+  o.bitmap_mark_ahead = mark_ahead;
   return o;
+}
+
+// Adds the workload's bitmaps to the image on `base` (before the faults).
+Status AddBitmaps(io::Storage& base, uint64_t seed, const qcow2::OpenOptions& o) {
+  const std::vector<BitmapSpec> specs = BitmapsFor(seed);
+  if (specs.empty()) return Status::Ok();
+  std::shared_ptr<io::Storage> shared(&base, [](io::Storage*) {});
+  auto wrapper = io::NewFaultyStorage(shared);  // a non-owning view; no fault armed
+  if (!wrapper) return wrapper.error();
+  TD_ASSIGN_OR_RETURN(auto img, qcow2::Image::Open(std::move(*wrapper), o));
+  for (const BitmapSpec& b : specs) {
+    TD_RETURN_IF_ERROR(qcow2::AddBitmap(*img, {b.name, b.granularity_bits, true}));
+  }
+  return img->Close();
+}
+
+// (e) Every bitmap is consistent and marks every granule whose content
+// differs from what it was when the bitmap was added (the workload's
+// start): "" when so.
+std::string CheckBitmaps(qcow2::Image& img, uint64_t seed, std::span<const uint8_t> content,
+                         const std::vector<uint8_t>& initial) {
+  const std::vector<BitmapSpec> specs = BitmapsFor(seed);
+  if (specs.empty()) return "";
+  if (!(img.header().autoclear_features & qcow2::kAutoclearBitmaps) || !img.header().bitmaps) {
+    return "the bitmaps extension is gone or inconsistent (autoclear bit clear)";
+  }
+  auto list = qcow2::ListBitmaps(img);
+  if (!list) return "bitmaps cannot be listed: " + list.error().ToString();
+  if (list->size() != specs.size()) return "bitmaps: " + std::to_string(list->size()) + " listed";
+  for (const BitmapSpec& spec : specs) {
+    auto it = std::find_if(list->begin(), list->end(),
+                           [&](const qcow2::BitmapInfo& b) { return b.name == spec.name; });
+    if (it == list->end()) return "bitmap " + spec.name + " is gone";
+    if (!it->consistent() || !it->enabled) {
+      return "bitmap " + spec.name + " is not consistent and enabled: " + it->problem;
+    }
+    auto bits = qcow2::ReadBitmap(img, spec.name);
+    if (!bits) return "bitmap " + spec.name + " does not read: " + bits.error().ToString();
+    const uint64_t g = uint64_t{1} << spec.granularity_bits;
+    for (uint64_t off = 0; off < content.size(); ++off) {
+      const uint8_t was = off < initial.size() ? initial[off] : 0;
+      if (content[off] == was || bits->Test(off / g)) continue;
+      char msg[160];
+      snprintf(msg, sizeof msg, "bitmap %s misses a change: byte 0x%llx differs, granule %llu clear",
+               spec.name.c_str(), static_cast<unsigned long long>(off),
+               static_cast<unsigned long long>(off / g));
+      return msg;
+    }
+  }
+  return "";
 }
 
 std::string CheckSummary(const qcow2::CheckReport& r) {
@@ -140,6 +192,11 @@ void Case::Verify(const std::string& label, std::unique_ptr<MemoryStorage> state
       if (!s.ok()) return Fail(label, "read fails: " + s.ToString());
     }
     std::string bad = model_.Verify(content);
+    if (bad.empty()) {
+      std::string bitmaps = CheckBitmaps(**img, spec_.workload_seed,
+                                         std::span<const uint8_t>(content.data(), size), backing_);
+      if (!bitmaps.empty()) return Fail(label, bitmaps);
+    }
     if (!bad.empty()) {
       // Where the first bad byte maps to, for the failure message.
       uint64_t at = strtoull(bad.substr(bad.find("byte 0x") + 5).c_str(), nullptr, 16);
@@ -199,6 +256,8 @@ CaseResult Case::Run(uint64_t nth) {
   }
   Status s = qcow2::Create(*base, CreateOptionsFor(g_));
   if (!s.ok()) return {.failure = "create: " + s.ToString()};
+  s = AddBitmaps(*base, spec_.workload_seed, OpenOptionsFor(g_, backing_, 4 << 20));
+  if (!s.ok()) return {.failure = "adding bitmaps: " + s.ToString()};
   auto faulty_or = io::NewFaultyStorage(base);
   if (!faulty_or) return {.failure = "faulty storage: " + faulty_or.error().ToString()};
   io::FaultyStorage* faulty = faulty_or->get();
@@ -219,7 +278,8 @@ CaseResult Case::Run(uint64_t nth) {
     faulty->FailAtEvent(f);
   }
   auto img = qcow2::Image::Open(std::move(*faulty_or),
-                                OpenOptionsFor(g_, backing_, CacheBytesFor(spec_.workload_seed)));
+                                OpenOptionsFor(g_, backing_, CacheBytesFor(spec_.workload_seed),
+                                               MarkAheadFor(spec_.workload_seed)));
   if (!img) return {.failure = "open: " + img.error().ToString()};
 
   // A power cut ends the workload at the step; errors let it run on.

@@ -177,6 +177,30 @@ uint64_t CacheBytesFor(uint64_t workload_seed) {
   return Mix(workload_seed) % 2 == 0 ? 8 * uint64_t(g.cluster_size) : 4ull << 20;
 }
 
+std::vector<BitmapSpec> BitmapsFor(uint64_t workload_seed) {
+  const Geometry& g = GeometryFor(workload_seed);
+  if (g.version < 3) return {};
+  // None, one or two; the finest granularity qemu allows (512 bytes) and
+  // a coarse one, so a change inside a granule and one across several are
+  // both seen.
+  const uint64_t h = Mix(workload_seed ^ 0xb17b17);
+  switch (h % 3) {
+    case 0: return {};
+    case 1: return {{"bm0", 9 + uint32_t(h / 3 % 8)}};
+    default: return {{"bm0", 9}, {"bm1", 16}};
+  }
+}
+
+uint64_t MarkAheadFor(uint64_t workload_seed) {
+  // Mostly one granule (every mark its own), sometimes 8 KiB, sometimes the
+  // default (the whole small disk at once).
+  switch (Mix(workload_seed ^ 0xa4ead) % 4) {
+    case 0: return 8192;
+    case 1: return 0;
+    default: return 512;
+  }
+}
+
 qcow2::CreateOptions CreateOptionsFor(const Geometry& g) {
   qcow2::CreateOptions o;
   o.size = g.size;

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "crash/content_model.h"
@@ -32,6 +33,17 @@ int ThreadsFor(uint64_t workload_seed);
 // The OpenOptions::cache_bytes for a seed: tiny caches make evictions
 // (and the ordered flush they trigger) happen mid-request.
 uint64_t CacheBytesFor(uint64_t workload_seed);
+
+// The persistent bitmaps a workload's image has from the start (none on
+// version 2 images): each enabled, with its granularity, and the
+// mark-ahead the image is opened with (qcow2::OpenOptions::bitmap_mark_ahead),
+// small for most seeds so a bitmap that misses a change is caught.
+struct BitmapSpec {
+  std::string name;
+  uint32_t granularity_bits;
+};
+std::vector<BitmapSpec> BitmapsFor(uint64_t workload_seed);
+uint64_t MarkAheadFor(uint64_t workload_seed);
 
 // Create options for `g` (backing file "base", raw).
 qcow2::CreateOptions CreateOptionsFor(const Geometry& g);

@@ -1,0 +1,137 @@
+// BitmapTracker: the enabled persistent bitmaps of an image open for
+// writing, kept up to date with every change of guest content, and kept
+// crash-consistent on disk (docs/write-ordering.md "Bitmaps").
+//
+// The rule it keeps: whatever a crash leaves, each tracked bitmap on disk
+// marks every granule whose content may differ from what it was when the
+// bitmap was created or last cleared (a superset, never a subset), and it
+// never needs its in_use flag.
+//
+// How: every data cluster of a tracked bitmap exists (the engine allocates
+// them when it opens the image), so marking writes bitmap data in place and
+// never allocates. Per bitmap, two sets of bits:
+//   exact  the granules changed since creation or the last clear: what a
+//          clean close writes, what an NBD export shows;
+//   disk   what the data clusters hold, or are being written to hold: a
+//          superset of exact.
+// and, per mark-ahead region (kMarkAheadBytes of guest space, at least one
+// granule), whether disk has the whole region set *durably*.
+//
+// Mark() runs before a request changes guest content. It sets exact, and
+// returns once every region the range touches is durable: the region's
+// bits set in its sectors of bitmap data, written and synced. Only then may
+// the request write its data, so no change can reach the disk before the
+// bits that cover it. Requests that need regions at the same time share one
+// write round and one sync (the first becomes the writer; the others wait
+// for its round). Once a region is durable, changes in it cost nothing more
+// until the bitmap is cleared or written back: a crash shows at worst whole
+// regions dirty that were only partly changed.
+//
+// Thread safety: Mark may be called concurrently from any thread. The other
+// methods REQUIRE that no Mark runs (the engine calls them with no request
+// in flight: close, and the bitmap operations of qcow2/bitmaps.h).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "io/storage.h"
+#include "util/bit_vector.h"
+#include "util/result.h"
+
+namespace thindisk::qcow2 {
+
+class BitmapTracker {
+ public:
+  // Guest bytes a mark makes durable at once (rounded up to a granule).
+  static constexpr uint64_t kMarkAheadBytes = 64ull << 20;
+
+  struct Bitmap {
+    std::string name;
+    uint32_t granularity_bits = 16;
+    // Host offset of each data cluster of the bitmap; none is 0.
+    std::vector<uint64_t> data_clusters;
+    // The bits as loaded (or cleared): exact and disk both start from them.
+    BitVector bits;
+  };
+
+  // `mark_ahead` overrides kMarkAheadBytes (0: the default).
+  BitmapTracker(io::Storage& storage, uint64_t cluster_size, uint64_t mark_ahead = 0)
+      : storage_(storage), cs_(cluster_size), mark_ahead_(mark_ahead ? mark_ahead : kMarkAheadBytes) {}
+
+  // Starts tracking `b` (its data clusters hold b.bits, durably).
+  void Add(Bitmap b);
+  // Stops tracking `name` (no-op when it is not tracked).
+  void Remove(const std::string& name);
+  bool Tracks(const std::string& name) const;
+  bool empty() const { return tracked_.load() == 0; }
+
+  // Before a change to guest bytes [offset, offset + length): see above.
+  // Errors are the storage's: the request must then fail without writing.
+  Status Mark(uint64_t offset, uint64_t length);
+
+  // Writes exact over disk where they differ, then syncs: every tracked
+  // bitmap then holds exactly its changes (close, and after a clear or a
+  // merge). REQUIRES that every change it covers is durable already.
+  Status WriteBack();
+
+  // A copy of the exact bits of a tracked bitmap, taken under the lock
+  // (safe beside Mark); false when `name` is not tracked.
+  bool CopyExact(const std::string& name, BitVector* out) const;
+  // The exact bits of a tracked bitmap (nullptr when not tracked); the
+  // caller may change them (clear, merge) and then calls WriteBack.
+  BitVector* ExactBits(const std::string& name);
+  // The data clusters of a tracked bitmap (nullptr when not tracked).
+  const std::vector<uint64_t>* DataClusters(const std::string& name) const;
+
+ private:
+  struct State {
+    Bitmap b;
+    BitVector exact;
+    BitVector disk;
+    BitVector durable;  // per region
+    BitVector pending;  // per region: in the next write round
+    uint64_t region_bits = 1;
+  };
+  struct RegionRef {
+    size_t bitmap;
+    uint64_t region;
+  };
+
+  // The regions of [offset, offset + length) not yet durable. REQUIRES mu_.
+  std::vector<RegionRef> Missing(uint64_t offset, uint64_t length) const;
+  bool AllDurable(const std::vector<RegionRef>& regions) const;  // REQUIRES mu_
+  // One write round of every pending region: sets their bits in disk,
+  // writes the sectors holding them and syncs. Called with `lock` held;
+  // drops it for the I/O.
+  Status WriteRound(std::unique_lock<std::mutex>& lock);
+  // Bytes to write at one host offset.
+  struct Run {
+    uint64_t host_offset;
+    std::vector<uint8_t> bytes;
+  };
+  // The given 512-byte sectors of a bitmap's data, taken from `bits` and
+  // merged into runs inside each data cluster. REQUIRES mu_.
+  void CollectRuns(const State& s, const BitVector& bits, const std::vector<uint64_t>& sectors,
+                   std::vector<Run>* runs) const;
+  // Writes the runs, each announced as `event`. No sync; no lock needed.
+  Status WriteRuns(const std::vector<Run>& runs, io::Event event);
+
+  io::Storage& storage_;
+  const uint64_t cs_;
+  const uint64_t mark_ahead_;
+
+  mutable std::mutex mu_;
+  std::condition_variable round_done_;
+  std::vector<State> bitmaps_;  // guarded by mu_
+  bool writing_ = false;        // guarded by mu_: a write round is in progress
+  // bitmaps_.size(), readable without mu_: requests on an image that
+  // tracks nothing pay no lock.
+  std::atomic<size_t> tracked_{0};
+};
+
+}  // namespace thindisk::qcow2
