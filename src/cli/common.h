@@ -108,6 +108,7 @@ std::unique_ptr<Subcommand> NewCommitCommand();
 std::unique_ptr<Subcommand> NewRebaseCommand();
 std::unique_ptr<Subcommand> NewAmendCommand();
 std::unique_ptr<Subcommand> NewSnapshotCommand();
+std::unique_ptr<Subcommand> NewBitmapCommand();
 std::unique_ptr<Subcommand> NewResizeCommand();
 std::unique_ptr<Subcommand> NewMeasureCommand();
 std::unique_ptr<Subcommand> NewCompactCommand();

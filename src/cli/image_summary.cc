@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "block/open.h"
+#include "qcow2/bitmaps.h"
 #include "vhd/vhd_image.h"
 
 namespace thindisk::cli {
@@ -91,6 +92,18 @@ Result<ImageSummary> ReadImageSummary(const std::string& filename, const std::st
   auto snapshots = ReadSnapshots(*storage, *header);
   if (!snapshots.has_value()) return snapshots.error().WithContext(filename);
   s.snapshots = std::move(snapshots).value();
+  auto bitmaps = qcow2::ReadBitmapDirectory(*storage, *header);
+  if (bitmaps) {
+    s.bitmaps = std::move(bitmaps).value();
+  } else {
+    s.bitmaps_problem = bitmaps.error().message();
+  }
+  for (const qcow2::RawExtension& e : header->unknown_extensions) {
+    if (e.type == qcow2::kExtBitmaps) {
+      s.bitmaps_problem =
+          "a program without bitmap support wrote the image: its bitmaps are inconsistent";
+    }
+  }
   if (!header->backing_file.empty()) {
     s.backing_filename = header->backing_file;
     s.full_backing_filename = block::ResolveBackingName(filename, header->backing_file);

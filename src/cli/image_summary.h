@@ -27,6 +27,10 @@ struct ImageSummary {
   std::string backing_filename;
   std::string full_backing_filename;
   std::vector<qcow2::Snapshot> snapshots;  // qcow2 internal snapshots
+  // qcow2 persistent bitmaps, as the directory has them; why they cannot be
+  // listed ("" when they can: none, or all of them).
+  std::vector<qcow2::BitmapDirectoryEntry> bitmaps;
+  std::string bitmaps_problem;
   // vmdk and vpc (read through their drivers): the grain / block size (0
   // when there is none) and, for vmdk, what qemu-img reports of it.
   uint32_t cluster_size = 0;

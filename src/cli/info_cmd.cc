@@ -56,6 +56,14 @@ void PrintVmdkHuman(const vmdk::Description& d) {
   }
 }
 
+// qemu's names for a bitmap's flags, in its order.
+std::vector<std::string> BitmapFlags(const qcow2::BitmapDirectoryEntry& b) {
+  std::vector<std::string> flags;
+  if (b.in_use()) flags.push_back("in-use");
+  if (b.enabled()) flags.push_back("auto");
+  return flags;
+}
+
 Json ToJson(const ImageSummary& s) {
   Json j;
   if (!s.snapshots.empty()) {
@@ -77,6 +85,14 @@ Json ToJson(const ImageSummary& s) {
     data["compression-type"] = CompressionName(h.compression_type);
     // qemu reports these only for version 3 images, which can have them.
     if (h.version >= 3) data["lazy-refcounts"] = (h.compatible_features & qcow2::kCompatLazyRefcounts) != 0;
+    if (!s.bitmaps.empty()) {
+      Json list = Json::array();
+      for (const qcow2::BitmapDirectoryEntry& b : s.bitmaps) {
+        list.push_back(Json{{"flags", BitmapFlags(b)}, {"name", b.name},
+                            {"granularity", b.granularity()}});
+      }
+      data["bitmaps"] = list;
+    }
     data["refcount-bits"] = h.refcount_bits();
     if (h.version >= 3) {
       data["corrupt"] = (h.incompatible_features & qcow2::kIncompatCorrupt) != 0;
@@ -131,6 +147,19 @@ void PrintHuman(const ImageSummary& s) {
               << ((h.compatible_features & qcow2::kCompatLazyRefcounts) ? "true" : "false")
               << "\n";
   }
+  if (!s.bitmaps.empty()) {
+    std::cout << "    bitmaps:\n";
+    for (size_t i = 0; i < s.bitmaps.size(); ++i) {
+      const qcow2::BitmapDirectoryEntry& b = s.bitmaps[i];
+      std::cout << "        [" << i << "]:\n            flags:\n";
+      std::vector<std::string> flags = BitmapFlags(b);
+      for (size_t k = 0; k < flags.size(); ++k) {
+        std::cout << "                [" << k << "]: " << flags[k] << "\n";
+      }
+      std::cout << "            name: " << b.name << "\n"
+                << "            granularity: " << b.granularity() << "\n";
+    }
+  }
   std::cout << "    refcount bits: " << h.refcount_bits() << "\n";
   if (h.version >= 3) {
     std::cout << "    corrupt: "
@@ -159,6 +188,9 @@ class InfoCommand final : public Subcommand {
     } else {
       TD_ASSIGN_OR_RETURN(ImageSummary s, ReadImageSummary(filename_, format_, force_share_));
       chain.push_back(std::move(s));
+    }
+    for (const ImageSummary& s : chain) {
+      if (!s.bitmaps_problem.empty()) PrintWarning(s.filename + ": bitmaps: " + s.bitmaps_problem);
     }
     if (output_ == "json") {
       if (backing_chain_) {

@@ -283,6 +283,14 @@ Result<ImageImpl*> Impl(block::Device& image) {
 
 }  // namespace
 
+Result<std::vector<BitmapDirectoryEntry>> ReadBitmapDirectory(io::Storage& storage,
+                                                              const Header& h) {
+  if (!h.bitmaps) return std::vector<BitmapDirectoryEntry>{};
+  std::vector<uint8_t> raw(h.bitmaps->bitmap_directory_size);
+  TD_RETURN_IF_ERROR(storage.ReadAt(h.bitmaps->bitmap_directory_offset, raw));
+  return DecodeBitmapDirectory(raw, h.bitmaps->nb_bitmaps);
+}
+
 Result<std::vector<BitmapInfo>> ListBitmaps(block::Device& image) {
   auto* impl = dynamic_cast<ImageImpl*>(&image);
   if (impl == nullptr) return std::vector<BitmapInfo>{};

@@ -46,6 +46,12 @@ struct BitmapInfo {
   bool consistent() const { return problem.empty(); }
 };
 
+// The bitmap directory `h` names on `storage`, without opening the image
+// (info): empty without a consistent bitmaps extension; kCorrupt when it
+// does not decode.
+Result<std::vector<BitmapDirectoryEntry>> ReadBitmapDirectory(io::Storage& storage,
+                                                              const Header& h);
+
 // The bitmaps of the image, in directory order (none for a raw image, a
 // version 2 image, or an extension a program without bitmap support left
 // inconsistent).

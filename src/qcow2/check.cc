@@ -28,6 +28,7 @@
 #include <set>
 
 #include "qcow2/format.h"
+#include "qcow2/header_update.h"
 #include "util/endian.h"
 
 namespace thindisk::qcow2 {
@@ -286,21 +287,43 @@ class Checker {
     for (const RawExtension& e : h_.unknown_extensions) {
       if (e.type != kExtBitmaps) continue;
       auto decoded = DecodeBitmapsExtension(e.data, cs_, file_size_);
-      if (!decoded) return Corruption("ERROR " + decoded.error().message());
+      if (!decoded) return BadBitmaps(decoded.error().message(), std::nullopt);
       ext = *decoded;
     }
     if (!ext) return;
     const uint64_t dir_offset = ext->bitmap_directory_offset;
     const uint64_t dir_size = ext->bitmap_directory_size;
-    if (!Reference(dir_offset, dir_size, kExclusiveRole, "bitmap directory")) return;
     std::vector<uint8_t> dir(dir_size);
-    if (!ReadOrReport(dir_offset, dir, "the bitmap directory")) return;
+    if (!ReadOrReport(dir_offset, dir, "the bitmap directory")) {
+      Reference(dir_offset, dir_size, kExclusiveRole, "bitmap directory");
+      return;
+    }
     auto entries = DecodeBitmapDirectory(dir, ext->nb_bitmaps);
-    if (!entries) return Corruption("ERROR " + entries.error().message());
+    if (!entries) return BadBitmaps(entries.error().message(), ext);
+    if (!Reference(dir_offset, dir_size, kExclusiveRole, "bitmap directory")) return;
     for (const BitmapDirectoryEntry& e : *entries) {
       std::string bad = CheckBitmapEntry(e, h_.size, cs_, file_size_);
       if (!bad.empty()) Corruption(fmt::format("ERROR bitmap '{}': {}", e.name, bad));
       WalkBitmapTable(e);
+    }
+  }
+
+  // A bitmaps extension or directory that does not decode: its bitmaps
+  // are lost either way. kAll drops the extension (as a program without
+  // bitmap support would), and the clusters it held come back as leaks of
+  // this same repair; otherwise the directory's clusters stay referenced.
+  void BadBitmaps(const std::string& why, const std::optional<BitmapsExtension>& ext) {
+    if (mode_ == RepairMode::kAll) {
+      drop_bitmaps_ = true;
+      ++r_.corruptions_fixed;
+      r_.messages.push_back("Repairing the bitmaps extension: " + why +
+                            "; the bitmaps are dropped");
+      return;
+    }
+    Corruption("ERROR " + why);
+    if (ext) {
+      Reference(ext->bitmap_directory_offset, ext->bitmap_directory_size, kExclusiveRole,
+                "bitmap directory");
     }
   }
 
@@ -469,6 +492,17 @@ class Checker {
   // ---- step 5 ----
   Status WriteBack() {
     bool wrote = false;
+    if (drop_bitmaps_) {
+      // The header goes first: refcounts of what it named are lowered below
+      // only once nothing names it.
+      Header h = h_;
+      h.bitmaps.reset();
+      h.autoclear_features &= ~kAutoclearBitmaps;
+      std::erase_if(h.unknown_extensions,
+                    [](const RawExtension& e) { return e.type == kExtBitmaps; });
+      TD_RETURN_IF_ERROR(RewriteHeader(s_, h));
+      h_ = h;
+    }
     for (uint64_t i : dirty_blocks_) {
       TD_RETURN_IF_ERROR(s_.WriteAt(rt_[i], blocks_[i]));
       wrote = true;
@@ -525,6 +559,7 @@ class Checker {
   std::vector<uint64_t> active_l1_;
   bool l1_dirty_ = false;
   std::map<uint64_t, std::vector<uint8_t>> dirty_l2_;  // offset -> repaired L2 table
+  bool drop_bitmaps_ = false;  // kAll: the bitmaps extension does not decode
   CheckReport r_;
 };
 

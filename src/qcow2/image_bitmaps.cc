@@ -5,6 +5,7 @@
 // the data), and a new directory named by one header write.
 #include <cstdio>
 
+#include "qcow2/bitmaps.h"
 #include "qcow2/header_update.h"
 #include "qcow2/image_impl.h"
 #include "util/endian.h"
@@ -214,28 +215,16 @@ Status ImageImpl::StoreBitmapDirectoryLocked(std::vector<BitmapDirectoryEntry> e
 
 Status ImageImpl::OpenBitmapsLocked() {
   if (!header_.bitmaps) return Status::Ok();
-  const BitmapsExtension ext = *header_.bitmaps;
-  // 1. The directory (the extension was validated with the header).
-  std::vector<uint8_t> raw(ext.bitmap_directory_size);
-  TD_RETURN_IF_ERROR(storage_->ReadAt(ext.bitmap_directory_offset, raw));
-  auto dir = DecodeBitmapDirectory(raw, ext.nb_bitmaps);
+  // 1. The directory (the extension was validated with the header). One
+  //    that does not decode can be neither kept up to date nor dropped
+  //    without losing the bitmaps: a writer is refused, as qemu refuses.
+  auto dir = ReadBitmapDirectory(*storage_, header_);
   if (!dir) {
-    if (read_only_) {
-      bitmap_error_ = dir.error().message();
-      return Status::Ok();
-    }
-    // Bitmaps we cannot read cannot be kept up to date: as the spec asks
-    // of software that does not maintain them, the extension stays as it
-    // is and its autoclear bit goes (every reader then knows it is stale).
-    fprintf(stderr,
-            "thindisk: %s: %s; the bitmaps are left in the image, marked inconsistent\n",
-            info_.filename.c_str(), dir.error().message().c_str());
-    header_.unknown_extensions.insert(header_.unknown_extensions.begin(),
-                                      RawExtension{kExtBitmaps, EncodeBitmapsExtension(ext)});
-    header_.bitmaps.reset();
-    header_.autoclear_features &= ~kAutoclearBitmaps;
-    TD_RETURN_IF_ERROR(WriteHeaderLocked());
-    return storage_->Flush();
+    bitmap_error_ = dir.error().message();
+    if (read_only_) return Status::Ok();
+    return Status::Corrupt("the bitmap directory does not decode (" + bitmap_error_ +
+                           "): the image cannot be written without losing track of its "
+                           "bitmaps; thindisk check -r all drops them");
   }
   bitmap_dir_ = std::move(*dir);
   if (read_only_) return Status::Ok();
