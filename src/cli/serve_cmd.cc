@@ -70,8 +70,8 @@ constexpr const char* kFooter =
     "64 clients (qemu-nbd: 1); TCP binds 127.0.0.1 by default (qemu-nbd: 0.0.0.0); --discard\n"
     "defaults to unmap (qemu-nbd: ignore); qemu:allocation-depth is always offered (-A is\n"
     "accepted); --aio=native and --aio=io_uring run on threads, our fastest path here;\n"
-    "--stdio has no short -s (-s is qemu-nbd's --snapshot). Kernel devices (-c, -d) and dirty\n"
-    "bitmaps (-B) are refused with a message. TLS: docs/tls.md.";
+    "--stdio has no short -s (-s is qemu-nbd's --snapshot). Kernel devices (-c, -d) are\n"
+    "refused with a message. TLS: docs/tls.md.";
 
 class ServeCommand final : public Subcommand {
  public:
@@ -132,6 +132,10 @@ class ServeCommand final : public Subcommand {
     sub->add_option("-o,--offset", offset_text_, "The export starts at this byte of the image");
     sub->add_flag("-A,--allocation-depth", allocation_depth_,
                   "Offer qemu:allocation-depth (always offered)");
+    sub->add_option("-B,--bitmap", bitmaps_,
+                    "Offer the image's persistent bitmap NAME as qemu:dirty-bitmap:NAME "
+                    "(repeatable)")
+        ->allow_extra_args(false);
     sub->add_flag("-L,--list", list_,
                   "Client mode: list the exports of the server at -k or -b/-p, as qemu-nbd -L");
     sub->add_option("-T,--trace", trace_, "Accepted for qemu-nbd compatibility; ignored");
@@ -142,7 +146,6 @@ class ServeCommand final : public Subcommand {
     // qemu-nbd options thindisk refuses, each with its reason (Refusal()).
     sub->add_option("-c,--connect", connect_, "(refused: needs a kernel NBD device)");
     sub->add_flag("-d,--disconnect", disconnect_, "(refused: needs a kernel NBD device)");
-    sub->add_option("-B,--bitmap", bitmaps_, "(refused: dirty bitmaps are not supported yet)");
     sub->add_option("--selinux-label", selinux_label_, "(refused: not supported)");
     return sub;
   }
@@ -202,14 +205,15 @@ class ServeCommand final : public Subcommand {
         result = dev.status();
         break;
       }
-      devices.push_back(*dev);
-      if (verbose_) Log(Describe(spec.name, spec.file, **dev, spec.settings));
+      devices.push_back(dev->device);
+      if (verbose_) Log(Describe(spec.name, spec.file, *dev->device, spec.settings));
       nbd::Export e;
       // Host paths are not shown to clients unless asked (-D).
       e.name = spec.name;
       e.description = spec.description;
       e.read_only = spec.settings.open.read_only;
-      e.device = *dev;
+      e.device = dev->device;
+      e.bitmaps = dev->bitmaps;
       exports.push_back(std::move(e));
     }
     if (result.has_value()) {
@@ -239,8 +243,6 @@ class ServeCommand final : public Subcommand {
           " needs a kernel NBD device; thindisk serves NBD to userspace clients only (qemu, "
           "libnbd, nbd-client): serve on -k SOCKET and attach /dev/nbdN with nbd-client");
     }
-    if (!bitmaps_.empty())
-      return Status::NotSupported("-B/--bitmap: dirty bitmaps are not supported yet");
     if (!selinux_label_.empty())
       return Status::NotSupported("--selinux-label is not supported");
     return Status::Ok();
@@ -302,6 +304,7 @@ class ServeCommand final : public Subcommand {
       TD_ASSIGN_OR_RETURN(s.offset, ParseOffset(offset_text_));
     }
     s.temp_overlay = snapshot_;
+    s.bitmaps = bitmaps_;
     if (!load_snapshot_.empty()) {
       if (snapshot_)
         return Status::InvalidArgument("-s/--snapshot and -l/--load-snapshot cannot be combined");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/serve_devices.h"
+#include "qcow2/bitmaps.h"
 #include "qcow2/image.h"
 
 namespace thindisk::cli {
@@ -78,8 +79,13 @@ Result<std::unique_ptr<block::Device>> OpenTempOverlay(const std::string& file,
 
 }  // namespace
 
-Result<std::shared_ptr<block::Device>> OpenExportDevice(const std::string& file,
-                                                        const ExportSettings& settings) {
+Result<OpenedExport> OpenExportDevice(const std::string& file, const ExportSettings& settings) {
+  if (!settings.bitmaps.empty() &&
+      (settings.temp_overlay || !settings.open.snapshot.empty() || settings.offset != 0 ||
+       settings.size.has_value())) {
+    return Status::InvalidArgument(
+        "-B/--bitmap exports a bitmap of the whole image: not with -s, -l or an offset window");
+  }
   // 1. The image, or the overlay that takes its writes.
   std::shared_ptr<block::Device> dev;
   if (settings.temp_overlay) {
@@ -88,6 +94,16 @@ Result<std::shared_ptr<block::Device>> OpenExportDevice(const std::string& file,
   } else {
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> d, block::Open(file, settings.open));
     dev = std::move(d);
+  }
+  // The bitmaps, from the image itself (the views below do not move bytes).
+  OpenedExport out;
+  for (const std::string& name : settings.bitmaps) {
+    auto bitmap = qcow2::ExportBitmap(dev, name);
+    if (!bitmap) {
+      (void)dev->Close();
+      return bitmap.error().WithContext(file);
+    }
+    out.bitmaps.push_back(std::move(*bitmap));
   }
 
   // 2. The window, which must lie inside the image.
@@ -115,7 +131,8 @@ Result<std::shared_ptr<block::Device>> OpenExportDevice(const std::string& file,
   if (settings.write_through) dev = std::make_shared<WriteThroughDevice>(std::move(dev));
   if (!settings.filter.passthrough())
     dev = std::make_shared<nbd::FilterDevice>(std::move(dev), settings.filter);
-  return dev;
+  out.device = std::move(dev);
+  return out;
 }
 
 }  // namespace thindisk::cli

@@ -17,8 +17,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "block/device.h"
+#include "block/dirty_bitmap.h"
 #include "block/open.h"
 #include "nbd/filter_device.h"
 #include "util/result.h"
@@ -32,11 +34,19 @@ struct ExportSettings {
   std::optional<uint64_t> size;  // --image-opts size=: the window's length
   bool write_through = false;    // FUA on every write
   nbd::FilterOptions filter;
+  // -B: persistent bitmaps of the image to offer (a qcow2 image served
+  // whole: not with -s, -l or a window).
+  std::vector<std::string> bitmaps;
+};
+
+struct OpenedExport {
+  std::shared_ptr<block::Device> device;
+  std::vector<std::shared_ptr<block::DirtyBitmap>> bitmaps;  // as settings.bitmaps names them
 };
 
 // Opens `file` per `settings`. Errors name the file and, for a window that
-// does not fit, the offset and the image size.
-Result<std::shared_ptr<block::Device>> OpenExportDevice(const std::string& file,
-                                                        const ExportSettings& settings);
+// does not fit, the offset and the image size; for -B, the bitmap (not
+// found, inconsistent, not a qcow2 image, or a view -B cannot follow).
+Result<OpenedExport> OpenExportDevice(const std::string& file, const ExportSettings& settings);
 
 }  // namespace thindisk::cli

@@ -87,6 +87,22 @@ uint32_t ContextFlags(uint32_t context_id, const block::Extent& e) {
   return e.present ? e.depth + 1 : 0;
 }
 
+// One extent of context `id` at `pos`: its flags and length.
+struct ContextExtent {
+  uint32_t flags;
+  uint64_t length;
+};
+Result<ContextExtent> LookupContext(const Export& exp, uint32_t id, uint64_t pos,
+                                    uint64_t max_length) {
+  if (id >= kFirstBitmapContextId) {
+    TD_ASSIGN_OR_RETURN(block::DirtyBitmap::Run run,
+                        exp.bitmaps[id - kFirstBitmapContextId]->RunAt(pos, max_length));
+    return ContextExtent{run.dirty ? kStateDirty : 0, run.length};
+  }
+  TD_ASSIGN_OR_RETURN(block::Extent e, exp.device->GetStatus(pos, max_length));
+  return ContextExtent{ContextFlags(id, e), e.length};
+}
+
 }  // namespace
 
 Connection::Connection(int in_fd, int out_fd, const std::vector<Export>* exports,
@@ -403,18 +419,18 @@ OutgoingReply Connection::ExecuteRead(const Request& r) {
 }
 
 OutgoingReply Connection::ExecuteBlockStatus(const Request& r) {
-  block::Device& dev = *export_->device;
   const size_t max_descriptors = (r.flags & kCmdFlagReqOne) ? 1 : kMaxDescriptors;
   std::vector<uint32_t> ids;
   if (contexts_.base_allocation) ids.push_back(kBaseAllocationContextId);
   if (contexts_.allocation_depth) ids.push_back(kAllocationDepthContextId);
+  for (size_t i : contexts_.bitmaps) ids.push_back(kFirstBitmapContextId + uint32_t(i));
   OutgoingReply reply;
   for (size_t c = 0; c < ids.size(); ++c) {
     std::vector<BlockDescriptor> descriptors;
     const uint64_t end = r.offset + r.length;
     uint64_t pos = r.offset;
     for (size_t lookups = 0; pos < end && lookups < kMaxExtentLookups; ++lookups) {
-      Result<block::Extent> e = dev.GetStatus(pos, end - pos);
+      Result<ContextExtent> e = LookupContext(*export_, ids[c], pos, end - pos);
       if (!e.has_value() || e->length == 0) {
         if (descriptors.empty()) {
           Status s = e.has_value() ? Status::Internal("empty extent") : e.error();
@@ -423,7 +439,7 @@ OutgoingReply Connection::ExecuteBlockStatus(const Request& r) {
         break;  // answer the prefix we have
       }
       const uint32_t len = uint32_t(std::min(e->length, end - pos));
-      const uint32_t flags = ContextFlags(ids[c], *e);
+      const uint32_t flags = e->flags;
       if (!descriptors.empty() && descriptors.back().status == flags) {
         descriptors.back().length += len;
       } else if (descriptors.size() < max_descriptors) {

@@ -1,22 +1,41 @@
 #include "nbd/negotiation.h"
 
+#include <algorithm>
+
 #include "nbd/transmission_codec.h"
 
 namespace thindisk::nbd {
+
+void MetaContexts::Add(const MetaContexts& other) {
+  base_allocation |= other.base_allocation;
+  allocation_depth |= other.allocation_depth;
+  bitmaps.insert(bitmaps.end(), other.bitmaps.begin(), other.bitmaps.end());
+  std::sort(bitmaps.begin(), bitmaps.end());
+  bitmaps.erase(std::unique(bitmaps.begin(), bitmaps.end()), bitmaps.end());
+}
+
 namespace {
 
 void Append(Bytes* out, const Bytes& more) {
   out->insert(out->end(), more.begin(), more.end());
 }
 
-// Which contexts a query names. `namespace_ok` lets "base:" and "qemu:"
-// stand for every context in that namespace (NBD_OPT_LIST_META_CONTEXT).
-MetaContexts Match(const std::string& query, bool namespace_ok) {
+// Which contexts of export `e` a query names. `namespace_ok` lets "base:",
+// "qemu:" and "qemu:dirty-bitmap:" stand for every context they begin
+// (NBD_OPT_LIST_META_CONTEXT).
+MetaContexts Match(const std::string& query, bool namespace_ok, const Export& e) {
   MetaContexts m;
   m.base_allocation =
       query == kContextBaseAllocation || (namespace_ok && query == "base:");
   m.allocation_depth =
       query == kContextAllocationDepth || (namespace_ok && query == "qemu:");
+  const bool all_bitmaps =
+      namespace_ok && (query == "qemu:" || query == kContextDirtyBitmapPrefix);
+  for (size_t i = 0; i < e.bitmaps.size(); ++i) {
+    if (all_bitmaps || query == kContextDirtyBitmapPrefix + e.bitmaps[i]->name()) {
+      m.bitmaps.push_back(i);
+    }
+  }
   return m;
 }
 
@@ -142,12 +161,11 @@ Negotiator::Step Negotiator::HandleMetaContext(const Option& opt) {
     return {EncodeOptionError(opt.code, kRepErrUnknown,
                               "no export named '" + opt.export_name + "'")};
   MetaContexts selected;
-  if (!set && opt.queries.empty()) selected = {true, true};
-  for (const std::string& q : opt.queries) {
-    MetaContexts m = Match(q, /*namespace_ok=*/!set);
-    selected.base_allocation |= m.base_allocation;
-    selected.allocation_depth |= m.allocation_depth;
+  if (!set && opt.queries.empty()) {
+    selected.Add(Match("base:", true, *e));
+    selected.Add(Match("qemu:", true, *e));
   }
+  for (const std::string& q : opt.queries) selected.Add(Match(q, /*namespace_ok=*/!set, *e));
   Bytes out;
   if (selected.base_allocation)
     Append(&out, EncodeRepMetaContext(opt.code, set ? kBaseAllocationContextId : 0,
@@ -155,6 +173,10 @@ Negotiator::Step Negotiator::HandleMetaContext(const Option& opt) {
   if (selected.allocation_depth)
     Append(&out, EncodeRepMetaContext(opt.code, set ? kAllocationDepthContextId : 0,
                                       kContextAllocationDepth));
+  for (size_t i : selected.bitmaps) {
+    Append(&out, EncodeRepMetaContext(opt.code, set ? kFirstBitmapContextId + uint32_t(i) : 0,
+                                      kContextDirtyBitmapPrefix + e->bitmaps[i]->name()));
+  }
   Append(&out, EncodeOptionReply(opt.code, kRepAck));
   if (set) {
     contexts_ = selected;  // SET replaces the previous selection

@@ -11,9 +11,11 @@
 //  - NBD_REP_INFO always carries NBD_INFO_EXPORT and NBD_INFO_BLOCK_SIZE
 //    (minimum 1, preferred = the device's, maximum kMaxPayloadLength); NAME
 //    and DESCRIPTION when asked for.
-//  - Metadata contexts "base:allocation" and "qemu:allocation-depth"; LIST
-//    also accepts the namespace queries "base:" and "qemu:"; SET needs exact
-//    names. Both need NBD_OPT_STRUCTURED_REPLY first (else ERR_INVALID).
+//  - Metadata contexts "base:allocation", "qemu:allocation-depth" and
+//    "qemu:dirty-bitmap:NAME" for each bitmap the export offers; LIST also
+//    accepts the namespace queries "base:", "qemu:" and
+//    "qemu:dirty-bitmap:" (QEMU's); SET needs exact names. Both need
+//    NBD_OPT_STRUCTURED_REPLY first (else ERR_INVALID).
 //  - NBD_OPT_STARTTLS (doc/proto.md "TLS support"), as TlsPolicy says: not
 //    offered -> NBD_REP_ERR_UNSUP; with data, or once TLS is active ->
 //    NBD_REP_ERR_INVALID; else an ack and Next::kStartTls: the connection
@@ -49,6 +51,8 @@ namespace thindisk::nbd {
 // within a connection.
 inline constexpr uint32_t kBaseAllocationContextId = 1;
 inline constexpr uint32_t kAllocationDepthContextId = 2;
+// The export's bitmap i has id kFirstBitmapContextId + i.
+inline constexpr uint32_t kFirstBitmapContextId = 3;
 
 // Options a session may send before transmission, besides one per export.
 // Real clients send a handful (qemu and libnbd: under 10; nbdkit allows 32).
@@ -57,7 +61,9 @@ inline constexpr size_t kMaxOptionsPerSession = 256;
 struct MetaContexts {
   bool base_allocation = false;
   bool allocation_depth = false;
-  bool any() const { return base_allocation || allocation_depth; }
+  std::vector<size_t> bitmaps;  // indices into Export::bitmaps, ascending
+  bool any() const { return base_allocation || allocation_depth || !bitmaps.empty(); }
+  void Add(const MetaContexts& other);
 };
 
 // What the server does about TLS on this connection.

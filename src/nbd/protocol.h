@@ -122,6 +122,10 @@ inline constexpr const char* kContextBaseAllocation = "base:allocation";
 inline constexpr const char* kContextAllocationDepth = "qemu:allocation-depth";
 inline constexpr uint32_t kStateHole = 1 << 0;  // base:allocation
 inline constexpr uint32_t kStateZero = 1 << 1;  // base:allocation
+// qemu's namespace (docs/interop/nbd.rst in QEMU): one context per exported
+// dirty bitmap, with one flag.
+inline constexpr const char* kContextDirtyBitmapPrefix = "qemu:dirty-bitmap:";
+inline constexpr uint32_t kStateDirty = 1 << 0;
 
 // ---- Wire sizes ----
 inline constexpr size_t kGreetingSize = 18;  // NBDMAGIC, IHAVEOPT, 16-bit flags

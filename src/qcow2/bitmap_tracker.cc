@@ -48,6 +48,19 @@ bool BitmapTracker::CopyExact(const std::string& name, BitVector* out) const {
   return false;
 }
 
+bool BitmapTracker::RunAt(const std::string& name, uint64_t bit, bool* dirty,
+                          uint64_t* bits) const {
+  std::lock_guard lock(mu_);
+  for (const State& s : bitmaps_) {
+    if (s.b.name != name) continue;
+    *dirty = bit < s.exact.size() && s.exact.Test(bit);
+    const uint64_t end = *dirty ? s.exact.NextClear(bit) : s.exact.NextSet(bit);
+    *bits = end - std::min(bit, end);
+    return true;
+  }
+  return false;
+}
+
 BitVector* BitmapTracker::ExactBits(const std::string& name) {
   std::lock_guard lock(mu_);
   for (State& s : bitmaps_) {

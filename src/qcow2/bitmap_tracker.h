@@ -82,6 +82,10 @@ class BitmapTracker {
   // A copy of the exact bits of a tracked bitmap, taken under the lock
   // (safe beside Mark); false when `name` is not tracked.
   bool CopyExact(const std::string& name, BitVector* out) const;
+  // The run of equal exact bits of tracked bitmap `name` from `bit`: its
+  // state and how many bits it spans (to the bitmap's end). False when
+  // `name` is not tracked. Safe beside Mark.
+  bool RunAt(const std::string& name, uint64_t bit, bool* dirty, uint64_t* bits) const;
   // The exact bits of a tracked bitmap (nullptr when not tracked); the
   // caller may change them (clear, merge) and then calls WriteBack.
   BitVector* ExactBits(const std::string& name);

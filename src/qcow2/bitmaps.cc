@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "qcow2/image_impl.h"
 
@@ -300,6 +301,69 @@ Result<std::vector<BitmapInfo>> ListBitmaps(block::Device& image) {
 Result<BitVector> ReadBitmap(block::Device& image, const std::string& name) {
   TD_ASSIGN_OR_RETURN(ImageImpl * impl, Impl(image));
   return BitmapEditor(*impl).Read(name);
+}
+
+namespace {
+
+// A bitmap of a qcow2 image as a block::DirtyBitmap: live through the
+// tracker when the image tracks it, else the bits read when it was made.
+class Qcow2BitmapView final : public block::DirtyBitmap {
+ public:
+  Qcow2BitmapView(std::shared_ptr<block::Device> device, ImageImpl& img, std::string name,
+                  uint32_t granularity_bits, std::optional<BitVector> stored)
+      : device_(std::move(device)),
+        img_(img),
+        name_(std::move(name)),
+        granularity_bits_(granularity_bits),
+        stored_(std::move(stored)) {}
+
+  const std::string& name() const override { return name_; }
+  uint64_t granularity() const override { return uint64_t{1} << granularity_bits_; }
+
+  Result<Run> RunAt(uint64_t offset, uint64_t max_length) override {
+    const uint64_t size = device_->size();
+    if (offset >= size) return Status::OutOfRange("block status past the end of the bitmap");
+    const uint64_t bit = offset >> granularity_bits_;
+    bool dirty = false;
+    uint64_t bits = 0;
+    if (stored_) {
+      dirty = bit < stored_->size() && stored_->Test(bit);
+      const uint64_t end = dirty ? stored_->NextClear(bit) : stored_->NextSet(bit);
+      bits = end - std::min(bit, end);
+    } else if (!img_.bitmap_tracker() || !img_.bitmap_tracker()->RunAt(name_, bit, &dirty, &bits)) {
+      return Status::NotFound("bitmap '" + name_ + "' is no longer tracked");
+    }
+    const uint64_t run_end = std::min(size, (bit + std::max<uint64_t>(bits, 1)) << granularity_bits_);
+    return Run{dirty, std::min(max_length, run_end - offset)};
+  }
+
+ private:
+  std::shared_ptr<block::Device> device_;
+  ImageImpl& img_;
+  const std::string name_;
+  const uint32_t granularity_bits_;
+  const std::optional<BitVector> stored_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<block::DirtyBitmap>> ExportBitmap(std::shared_ptr<block::Device> image,
+                                                        const std::string& name) {
+  TD_ASSIGN_OR_RETURN(ImageImpl * impl, Impl(*image));
+  TD_ASSIGN_OR_RETURN(std::vector<BitmapInfo> list, BitmapEditor(*impl).List());
+  auto it = std::find_if(list.begin(), list.end(),
+                         [&](const BitmapInfo& b) { return b.name == name; });
+  if (it == list.end()) return Status::NotFound("bitmap '" + name + "' is not found");
+  if (!it->consistent()) {
+    return Status::Corrupt("bitmap '" + name + "' is inconsistent (" + it->problem +
+                           ") and cannot be used");
+  }
+  std::optional<BitVector> stored;
+  if (!impl->bitmap_tracker() || !impl->bitmap_tracker()->Tracks(name)) {
+    TD_ASSIGN_OR_RETURN(stored, BitmapEditor(*impl).Read(name));
+  }
+  return std::shared_ptr<block::DirtyBitmap>(std::make_shared<Qcow2BitmapView>(
+      std::move(image), *impl, name, it->granularity_bits, std::move(stored)));
 }
 
 uint32_t DefaultBitmapGranularityBits(Image& image) {

@@ -25,9 +25,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "block/dirty_bitmap.h"
 #include "qcow2/image.h"
 #include "util/bit_vector.h"
 #include "util/result.h"
@@ -60,6 +62,15 @@ Result<std::vector<BitmapInfo>> ListBitmaps(block::Device& image);
 // The bits of bitmap `name` (one per granule of the current disk size):
 // the live ones of an enabled bitmap the image tracks, else as stored.
 Result<BitVector> ReadBitmap(block::Device& image, const std::string& name);
+
+// Bitmap `name` as a reader sees it (block::DirtyBitmap: an NBD export's
+// "qemu:dirty-bitmap:NAME", a backup's source): an enabled bitmap of an
+// image open for writing shows every change as it is tracked; any other
+// shows its bits as stored. The view keeps `image` alive. kNotFound,
+// kCorrupt for an inconsistent bitmap (qemu-nbd -B refuses it too),
+// kNotSupported for an image that is not qcow2.
+Result<std::shared_ptr<block::DirtyBitmap>> ExportBitmap(std::shared_ptr<block::Device> image,
+                                                        const std::string& name);
 
 // qemu-img's default granularity for a new bitmap on this image: the
 // cluster size, kept within 4 KiB..64 KiB.

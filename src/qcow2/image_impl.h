@@ -78,6 +78,10 @@ class ImageImpl final : public Image {
   Status GrowPreallocated(uint64_t new_size, Preallocation mode,
                           std::string* warning) override;  // image_preallocate.cc
 
+  // The enabled bitmaps' tracker (null on read-only opens): set in Init,
+  // never replaced; its methods lock themselves.
+  BitmapTracker* bitmap_tracker() const { return tracker_.get(); }
+
  private:
   // Internal snapshots (snapshot.cc) rewrite the L1 table, refcounts and
   // header with the engine's own caches and ordered flush.

@@ -7,8 +7,9 @@
 # --format -x -k -t -e 2 --fork --detect-zeroes=on --pid-file), -t --fork
 # --pid-file, -s (image byte-identical afterwards), -l SNAPSHOT, -o OFFSET,
 # --image-opts, -L against both servers, and the refused options (-c, -d,
-# -B, non-TLS --object, bad TLS objects): one clear line and a non-zero
-# exit. TLS itself is tests/tls.
+# -B of a missing bitmap, non-TLS --object, bad TLS objects): one clear
+# line and a non-zero exit. TLS itself is tests/tls. virtnbdbackup's line
+# exports a dirty bitmap (--bitmap): its map must match qemu-nbd's.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-nbd qemu-img qemu-io nbdinfo jq cmp
 
@@ -17,6 +18,8 @@ FIELDS='.exports[] | {name: .["export-name"], description, size: .["export-size"
   is_read_only, can_flush, can_fua, can_trim, can_zero}'
 
 qemu-img create -f qcow2 disk.qcow2 16M >/dev/null
+# A persistent bitmap that sees the writes, as virtnbdbackup's checkpoints do.
+qemu-img bitmap --add disk.qcow2 virtnbdbackup.0
 qemu-io -f qcow2 disk.qcow2 -c 'write -P 0x11 0 1M' -c 'write -P 0x22 4M 512k' \
   -c 'write -z 6M 1M' >/dev/null
 
@@ -119,15 +122,16 @@ for mode in none writeback writethrough directsync unsafe; do
   same_writes "--cache=$mode" --cache=$mode --detect-zeroes=on
 done
 
-# ---- virtnbdbackup's line (without --bitmap) ---------------------------------
-log "virtnbdbackup: -r --format=qcow2 -x NAME FILE -k SOCK -t -e 2 --fork --detect-zeroes=on --pid-file"
+# ---- virtnbdbackup's line ------------------------------------------------------
+log "virtnbdbackup: -r --format=qcow2 -x NAME --bitmap=NAME FILE -k SOCK -t -e 2 --fork --detect-zeroes=on --pid-file"
 cp disk.qcow2 vb-t.qcow2
 cp disk.qcow2 vb-q.qcow2
-timeout 30 "$TD" serve -r --format=qcow2 -x sda vb-t.qcow2 -k "$TMP/vt.sock" -t -e 2 --fork \
-  --detect-zeroes=on --pid-file="$TMP/vt.pid" >vt.out 2>vt.err ||
+timeout 30 "$TD" serve -r --format=qcow2 -x sda --bitmap=virtnbdbackup.0 vb-t.qcow2 \
+  -k "$TMP/vt.sock" -t -e 2 --fork --detect-zeroes=on --pid-file="$TMP/vt.pid" >vt.out 2>vt.err ||
   { cat vt.err >&2; fail "virtnbdbackup line: thindisk exited non-zero"; }
-timeout 30 qemu-nbd -r --format=qcow2 -x sda vb-q.qcow2 -k "$TMP/vq.sock" -t -e 2 --fork \
-  --detect-zeroes=on --pid-file="$TMP/vq.pid" || fail "virtnbdbackup line: qemu-nbd failed"
+timeout 30 qemu-nbd -r --format=qcow2 -x sda --bitmap=virtnbdbackup.0 vb-q.qcow2 \
+  -k "$TMP/vq.sock" -t -e 2 --fork --detect-zeroes=on --pid-file="$TMP/vq.pid" ||
+  fail "virtnbdbackup line: qemu-nbd failed"
 tpid=$(cat vt.pid)
 qpid=$(cat vq.pid)
 SERVER_PIDS+=("$tpid" "$qpid")
@@ -136,6 +140,15 @@ kill -0 "$tpid" || fail "--fork: pid file names no live process"
 view "nbd+unix:///sda?socket=$TMP/vt.sock" t
 view "nbd+unix:///sda?socket=$TMP/vq.sock" q
 same virtnbdbackup t q
+# What virtnbdbackup reads to back up only what changed: the same map.
+for x in t q; do
+  nbdinfo --map=qemu:dirty-bitmap:virtnbdbackup.0 "nbd+unix:///sda?socket=$TMP/v$x.sock" \
+    >"bm-$x.map" || fail "virtnbdbackup: the dirty bitmap map ($x)"
+done
+cmp -s bm-t.map bm-q.map || fail "virtnbdbackup: the dirty bitmaps differ
+ thindisk: $(cat bm-t.map)
+ qemu-nbd: $(cat bm-q.map)"
+grep -q "dirty" bm-t.map || fail "virtnbdbackup: the bitmap shows no write: $(cat bm-t.map)"
 expect_eq "virtnbdbackup: read-only" "$(jq .is_read_only t.info)" true
 reads_ok virtnbdbackup "nbd+unix:///sda?socket=$TMP/vt.sock" 'read -P 0x11 0 1M' \
   'read -P 0x22 4M 512k' 'read -P 0 6M 1M'
@@ -274,8 +287,8 @@ log "refused options"
 refused "-c" "kernel NBD device" -c /dev/nbd0 disk.qcow2
 refused "--connect" "kernel NBD device" --connect=/dev/nbd0 disk.qcow2
 refused "-d" "kernel NBD device" -d /dev/nbd0
-refused "-B" "not supported yet" -B bitmap0 -k "$TMP/x.sock" disk.qcow2
-refused "--bitmap" "not supported yet" --bitmap=bitmap0 -k "$TMP/x.sock" disk.qcow2
+refused "-B of no bitmap" "bitmap 'bitmap0' is not found" -B bitmap0 -k "$TMP/x.sock" disk.qcow2
+refused "--bitmap with -s" "not with -s" --bitmap=virtnbdbackup.0 -s -k "$TMP/x.sock" disk.qcow2
 refused "--tls-creds of no object" "nor the id of an --object" --tls-creds tls0 -k "$TMP/x.sock" disk.qcow2
 refused "--object secret" "only tls-creds-x509, tls-creds-psk, authz-simple and authz-list-file" \
   --object secret,id=sec0,data=x -k "$TMP/x.sock" disk.qcow2
