@@ -7,6 +7,12 @@
 // is an existing export, not a new file: the image is written onto it (as
 // qemu-img convert -n does), it must be large enough, and it is not removed
 // on failure (it is the server's).
+//
+// --bitmaps copies the persistent dirty bitmaps of a qcow2 source's top
+// layer into a qcow2 destination, as qemu-img convert --bitmaps does (same
+// names, granularities, enabled state and bits, same order); an
+// inconsistent one (in_use) fails the conversion before anything is made,
+// unless --skip-broken-bitmaps skips it with a warning.
 #include <CLI/CLI.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,6 +31,7 @@
 #include "cli/writeback.h"
 #include "io/rados_name.h"
 #include "nbdclient/nbd_uri.h"
+#include "qcow2/bitmaps.h"
 #include "qcow2/image.h"
 #include "qcow2/measure.h"
 
@@ -290,6 +297,37 @@ class Converter {
   BackgroundWriteback* writeback_;
 };
 
+// Copies the bitmaps `list` of `src` (its top layer's, directory order)
+// into `dst`, whose data is already written: a bitmap that tracked writes
+// during the copy would mark them all. Each gets its source's name,
+// granularity, enabled state and bits; inconsistent ones are skipped with
+// a warning (the caller refused them unless --skip-broken-bitmaps).
+Status CopyBitmaps(block::Device& src, qcow2::Image& dst,
+                   const std::vector<qcow2::BitmapInfo>& list) {
+  // qemu-img walks the bitmaps last-loaded first, so it warns in reverse
+  // directory order; it creates them so the directory keeps the source's.
+  for (auto it = list.rbegin(); it != list.rend(); ++it) {
+    if (!it->consistent()) PrintWarning("Skipping inconsistent bitmap '" + it->name + "'");
+  }
+  for (const qcow2::BitmapInfo& b : list) {
+    if (!b.consistent()) continue;
+    qcow2::BitmapAddOptions add;
+    add.name = b.name;
+    add.granularity_bits = b.granularity_bits;
+    add.enabled = b.enabled;  // nothing writes the data any more
+    Status s = qcow2::AddBitmap(dst, add);
+    if (!s.ok()) return s.WithContext("Failed to create bitmap " + b.name);
+    Result<BitVector> bits = qcow2::ReadBitmap(src, b.name);
+    if (bits && bits->NextSet(0) < bits->size()) {
+      s = qcow2::MergeIntoBitmap(dst, b.name, *bits, b.granularity_bits);
+    } else if (!bits) {
+      s = bits.error();
+    }
+    if (!s.ok()) return s.WithContext("Failed to populate bitmap " + b.name);
+  }
+  return Status::Ok();
+}
+
 class ConvertCommand final : public Subcommand {
  public:
   CLI::App* Register(CLI::App& app) override {
@@ -306,12 +344,19 @@ class ConvertCommand final : public Subcommand {
                                     "backing chain holds is not copied)");
     sub->add_option("-F", backing_format_, "Format of the -B backing file");
     sub->add_flag("-U,--force-share", force_share_, "Read the source even while another process writes it (ignores its lock)");
+    sub->add_flag("--bitmaps", bitmaps_,
+                  "Copy the persistent bitmaps of a qcow2 source into the qcow2 destination");
+    sub->add_flag("--skip-broken-bitmaps", skip_broken_bitmaps_,
+                  "With --bitmaps: skip inconsistent (in_use) bitmaps instead of failing");
     sub->add_option("source", src_file_, "Source image")->required();
     sub->add_option("destination", dst_file_, "Destination image (created)")->required();
     return sub;
   }
 
   Result<Outcome> Run() override {
+    if (skip_broken_bitmaps_ && !bitmaps_) {
+      return Status::InvalidArgument("Use of --skip-broken-bitmaps requires --bitmaps");
+    }
     block::OpenOptions src_options;
     src_options.format = src_format_;
     src_options.read_only = true;
@@ -321,10 +366,16 @@ class ConvertCommand final : public Subcommand {
     if (compress_ && dst_format_ != "qcow2") {
       return Status::InvalidArgument("compression (-c) needs -O qcow2");
     }
+    if (bitmaps_) TD_RETURN_IF_ERROR(CheckSourceBitmaps(*src));
 
     CreatePlan plan;
     plan.format = dst_format_;
     TD_RETURN_IF_ERROR(ApplyCreateOptions(plan, option_strings_));
+    // Refused before the destination exists (qemu-img leaves it behind).
+    if (bitmaps_ && (plan.format != "qcow2" || plan.qcow2.version < 3)) {
+      return Status::NotSupported("Format driver '" + plan.format +
+                                  "' does not support bitmaps");
+    }
     plan.size = src->size();
     plan.have_size = true;
     if (!backing_.empty()) {
@@ -372,6 +423,26 @@ class ConvertCommand final : public Subcommand {
     return Status::Ok();
   }
 
+  // --bitmaps on the source: it must be able to hold bitmaps, and each must
+  // be consistent unless --skip-broken-bitmaps; keeps the list for Copy.
+  Status CheckSourceBitmaps(block::Device& src) {
+    auto* image = dynamic_cast<qcow2::Image*>(&src);
+    if (image == nullptr || image->header().version < 3) {
+      return Status::NotSupported("Source lacks bitmap support");
+    }
+    TD_ASSIGN_OR_RETURN(src_bitmaps_, qcow2::ListBitmaps(src));
+    if (skip_broken_bitmaps_) return Status::Ok();
+    // Reported in qemu-img's order (see CopyBitmaps).
+    for (auto it = src_bitmaps_.rbegin(); it != src_bitmaps_.rend(); ++it) {
+      if (!it->consistent()) {
+        return Status::Corrupt("Cannot copy inconsistent bitmap '" + it->name +
+                               "'\nTry --skip-broken-bitmaps, or use 'thindisk bitmap --remove' "
+                               "to delete it");
+      }
+    }
+    return Status::Ok();
+  }
+
   Status Copy(block::Device& src, bool target_has_backing) {
     block::OpenOptions dst_options;
     dst_options.format = dst_format_;
@@ -384,6 +455,11 @@ class ConvertCommand final : public Subcommand {
     progress.Update(src.size(), src.size());
     progress.Finish();
     Status written_back = writeback.Finish();
+    if (bitmaps_ && written_back.ok()) {
+      auto* image = dynamic_cast<qcow2::Image*>(dst.get());
+      if (image == nullptr) return Status::Internal("--bitmaps: the destination is not qcow2");
+      TD_RETURN_IF_ERROR(CopyBitmaps(src, *image, src_bitmaps_));
+    }
     TD_RETURN_IF_ERROR(dst->Close());
     return written_back;
   }
@@ -397,6 +473,9 @@ class ConvertCommand final : public Subcommand {
   std::string backing_;
   std::string backing_format_;
   bool force_share_ = false;
+  bool bitmaps_ = false;
+  bool skip_broken_bitmaps_ = false;
+  std::vector<qcow2::BitmapInfo> src_bitmaps_;  // --bitmaps: the source's, in order
   std::string src_file_;
   std::string dst_file_;
 };

@@ -5,10 +5,12 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_create.h"
+#include "qcow2/bitmaps.h"
 #include "qcow2/image.h"
 #include "qcow2/measure.h"
 
@@ -21,7 +23,10 @@ constexpr const char* kMeasureHelp =
     "engine without storing data, so the source's allocated data is read.\n"
     "qemu-img measure counts metadata for the whole virtual size and so reports\n"
     "more. With preallocation or a backing_file option every cluster is counted.\n"
-    "For -O raw (the default, as in qemu-img) both sizes are the virtual size.";
+    "For -O raw (the default, as in qemu-img) both sizes are the virtual size.\n"
+    "With -O qcow2 (compat 1.1) and a qcow2 source, \"bitmaps\" is what the\n"
+    "source's persistent bitmaps take (`convert --bitmaps`), counted as qemu-img\n"
+    "does: every bitmap whole, its table and the directory; not part of required.";
 
 class MeasureCommand final : public Subcommand {
  public:
@@ -64,7 +69,7 @@ class MeasureCommand final : public Subcommand {
     }
 
     qcow2::MeasureResult r;
-    bool bitmaps = false;
+    std::optional<uint64_t> bitmaps;
     if (dst_format_ == "raw") {
       // A raw file's size is its virtual size, allocated or not.
       r.required = r.fully_allocated = src ? size : (size + 511) / 512 * 512;
@@ -76,10 +81,15 @@ class MeasureCommand final : public Subcommand {
       auto measured = qcow2::Measure(src.get(), o);
       if (!measured) return measured.error().WithContext(filename_.empty() ? "measure" : filename_);
       r = *measured;
-      // qemu-img lists bitmaps when both the source and the target could
-      // hold persistent ones; thindisk copies none, so their size is 0.
+      // As qemu-img: the source's bitmaps are counted when both it and the
+      // target can hold persistent ones (what `convert --bitmaps` copies);
+      // "bitmaps" is then reported even when there are none.
       auto* image = dynamic_cast<qcow2::Image*>(src.get());
-      bitmaps = o.version >= 3 && image != nullptr && image->header().version >= 3;
+      if (o.version >= 3 && image != nullptr && image->header().version >= 3) {
+        auto list = qcow2::ListBitmaps(*image);
+        if (!list) return list.error().WithContext(filename_);
+        bitmaps = qcow2::MeasureBitmaps(*list, size, o.cluster_size);
+      }
     }
     if (src) (void)src->Close();
     Print(r, bitmaps);
@@ -87,19 +97,20 @@ class MeasureCommand final : public Subcommand {
   }
 
  private:
-  void Print(const qcow2::MeasureResult& r, bool bitmaps) const {
+  void Print(const qcow2::MeasureResult& r, std::optional<uint64_t> bitmaps) const {
     if (output_ == "json") {
+      // qemu-img's key order: "bitmaps" first.
       nlohmann::ordered_json j;
+      if (bitmaps) j["bitmaps"] = *bitmaps;
       j["required"] = r.required;
       j["fully-allocated"] = r.fully_allocated;
-      if (bitmaps) j["bitmaps"] = 0;
       std::cout << j.dump(4) << "\n";
       return;
     }
     std::printf("required size: %llu\nfully allocated size: %llu\n",
                 static_cast<unsigned long long>(r.required),
                 static_cast<unsigned long long>(r.fully_allocated));
-    if (bitmaps) std::printf("bitmaps size: 0\n");
+    if (bitmaps) std::printf("bitmaps size: %llu\n", static_cast<unsigned long long>(*bitmaps));
   }
 
   std::string dst_format_ = "raw";

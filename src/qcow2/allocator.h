@@ -112,6 +112,8 @@ class Allocator {
   // The header now points at the current table.
   void TableCommitted() { table_moved_ = false; }
   uint64_t table_offset() const { return table_offset_; }
+  // Host offsets of the refcount blocks (0: none), by table index.
+  const std::vector<uint64_t>& block_offsets() const { return table_; }
   uint32_t table_clusters() const { return table_clusters_; }
 
   // End of the highest cluster in use or allocated (>= the file size at open).

@@ -97,7 +97,13 @@ Result<std::vector<BitmapDirectoryEntry>> DecodeBitmapDirectory(std::span<const 
           fmt::format("bitmap directory entry {} runs past the end of the directory", i));
     }
     const uint64_t len = kEntryFixedSize + uint64_t{extra_size} + name_size;
-    const uint64_t padded = std::min<uint64_t>(Align8(len), bytes.size() - pos);
+    // Every entry, the last one too, is padded to 8 bytes (qemu refuses a
+    // directory cut inside the padding).
+    const uint64_t padded = Align8(len);
+    if (padded > bytes.size() - pos) {
+      return Status::Corrupt(
+          fmt::format("bitmap directory entry {} lacks its padding at the directory's end", i));
+    }
     const uint8_t* extra = p + kEntryFixedSize;
     e.extra_data.assign(extra, extra + extra_size);
     e.name.assign(reinterpret_cast<const char*>(extra + extra_size), name_size);

@@ -31,6 +31,13 @@ void BitmapTracker::Remove(const std::string& name) {
   tracked_ = bitmaps_.size();
 }
 
+void BitmapTracker::Rename(const std::string& from, const std::string& to) {
+  std::lock_guard lock(mu_);
+  for (State& s : bitmaps_) {
+    if (s.b.name == from) s.b.name = to;
+  }
+}
+
 bool BitmapTracker::Tracks(const std::string& name) const {
   std::lock_guard lock(mu_);
   return std::any_of(bitmaps_.begin(), bitmaps_.end(),

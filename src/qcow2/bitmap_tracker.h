@@ -67,6 +67,9 @@ class BitmapTracker {
   void Add(Bitmap b);
   // Stops tracking `name` (no-op when it is not tracked).
   void Remove(const std::string& name);
+  // Tracks `from` under the name `to` from now on (a resize's new bitmap,
+  // tracked beside the old one until the header names it).
+  void Rename(const std::string& from, const std::string& to);
   bool Tracks(const std::string& name) const;
   bool empty() const { return tracked_.load() == 0; }
 

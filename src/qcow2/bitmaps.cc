@@ -145,6 +145,9 @@ Status BitmapEditor::Add(const BitmapAddOptions& o) {
   {
     std::lock_guard lock(img_.mu_);
     const uint64_t size = img_.size_.load();
+    if (size == 0) {
+      return Status::InvalidArgument("an empty disk (0 bytes) has nothing for a bitmap to track");
+    }
     TD_RETURN_IF_ERROR(CheckBitmapGeometry(size, o.granularity_bits, img_.cs()));
     if (!img_.bitmap_error_.empty()) {
       return Status::Corrupt("the bitmap directory does not decode: " + img_.bitmap_error_);
@@ -166,11 +169,19 @@ Status BitmapEditor::Add(const BitmapAddOptions& o) {
     e.flags = o.enabled ? kBitmapAuto : 0;
     BitVector bits(BitmapBits(size, o.granularity_bits));
     TD_ASSIGN_OR_RETURN(e, img_.WriteNewBitmapLocked(e, bits, o.enabled, nullptr));
-    // 2. The directory names it (its flush makes table and data durable first).
+    // 2. Tracked before the directory names it, so no change can slip
+    //    between the two; until then its marks go to clusters nothing names.
+    if (o.enabled) TD_RETURN_IF_ERROR(TrackLocked(e, bits));
+    // 3. The directory names it (its flush makes table and data durable first).
     std::vector<BitmapDirectoryEntry> entries = img_.bitmap_dir_;
     entries.push_back(e);
-    TD_RETURN_IF_ERROR(img_.StoreBitmapDirectoryLocked(std::move(entries)));
-    if (o.enabled) TD_RETURN_IF_ERROR(TrackLocked(e, std::move(bits)));
+    Status s = img_.StoreBitmapDirectoryLocked(std::move(entries));
+    if (!s.ok()) {
+      // Not named (the view is unchanged): stop tracking. Named on the
+      // engine's view (the header write failed): keep tracking it.
+      if (FindLocked(o.name).status().code() == Code::kNotFound) img_.tracker_->Remove(o.name);
+      return s;
+    }
   }
   return FlushFrees();
 }
@@ -187,10 +198,12 @@ Status BitmapEditor::Remove(const std::string& name) {
     // table that does not validate names nothing we may free: its
     // clusters leak (check -r leaks reclaims them), never a cluster in use.
     auto table = img_.ReadBitmapTableLocked(e);
-    if (img_.tracker_) img_.tracker_->Remove(name);
     std::vector<BitmapDirectoryEntry> entries = img_.bitmap_dir_;
     entries.erase(entries.begin() + std::ptrdiff_t(i));
+    // A failure may leave the disk naming it still: it stays tracked then,
+    // and nothing it holds is freed.
     TD_RETURN_IF_ERROR(img_.StoreBitmapDirectoryLocked(std::move(entries)));
+    img_.tracker_->Remove(name);
     // Rule: a refcount is lowered only after nothing points at the cluster.
     if (table) {
       for (const BitmapTableEntry& t : *table) {
@@ -230,19 +243,22 @@ Status BitmapEditor::SetEnabled(const std::string& name, bool enabled) {
     BitmapDirectoryEntry& e = entries[i];
     if (e.enabled() == enabled) return Status::Ok();
     if (enabled) {
-      // Tracked from now on: every data cluster allocated, holding its bits.
+      // Tracked from before the directory says so: every data cluster
+      // allocated, holding its bits.
       TD_ASSIGN_OR_RETURN(BitVector bits, img_.ReadBitmapBitsLocked(e));
       TD_RETURN_IF_ERROR(img_.StoreBitmapBitsLocked(e, bits, true));
       e.flags |= kBitmapAuto;
-      const BitmapDirectoryEntry tracked = e;
-      TD_RETURN_IF_ERROR(img_.StoreBitmapDirectoryLocked(std::move(entries)));
-      TD_RETURN_IF_ERROR(TrackLocked(tracked, std::move(bits)));
+      TD_RETURN_IF_ERROR(TrackLocked(e, std::move(bits)));
+      Status s = img_.StoreBitmapDirectoryLocked(std::move(entries));
+      if (!s.ok() && !img_.bitmap_dir_[i].enabled()) img_.tracker_->Remove(name);
+      TD_RETURN_IF_ERROR(s);
     } else {
-      // Its exact bits are what it keeps from now on.
+      // Its exact bits are what it keeps from now on; tracked until the
+      // directory no longer says it is enabled, whatever fails.
       TD_RETURN_IF_ERROR(img_.tracker_->WriteBack());
-      img_.tracker_->Remove(name);
       e.flags &= ~kBitmapAuto;
       TD_RETURN_IF_ERROR(img_.StoreBitmapDirectoryLocked(std::move(entries)));
+      img_.tracker_->Remove(name);
     }
   }
   return FlushFrees();
@@ -250,6 +266,9 @@ Status BitmapEditor::SetEnabled(const std::string& name, bool enabled) {
 
 Status BitmapEditor::Merge(const std::string& dst, const BitVector& src, uint32_t src_bits) {
   TD_RETURN_IF_ERROR(CheckWritable());
+  if (src_bits < kMinBitmapGranularityBits || src_bits > kMaxBitmapGranularityBits) {
+    return Status::InvalidArgument("the source bitmap's granularity is out of range");
+  }
   std::lock_guard flush_lock(img_.flush_mu_);
   TD_RETURN_IF_ERROR(img_.FlushAll());
   std::lock_guard lock(img_.mu_);

@@ -3,11 +3,15 @@
 // every bitmap operation is made of (docs/write-ordering.md "Bitmaps"):
 // bits into data clusters (new ones refcounted first, table entries after
 // the data), and a new directory named by one header write.
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cstdio>
 
 #include "qcow2/bitmaps.h"
 #include "qcow2/header_update.h"
 #include "qcow2/image_impl.h"
+#include "qcow2/snapshot.h"
 #include "util/endian.h"
 
 namespace thindisk::qcow2 {
@@ -40,7 +44,72 @@ Result<std::vector<BitmapTableEntry>> ImageImpl::ReadBitmapTableLocked(
     if (!entry) return entry.error().WithContext("bitmap '" + e.name + "'");
     table[i] = *entry;
   }
+  std::string overlap = BitmapClustersProblemLocked(e, table);
+  if (!overlap.empty()) return Status::Corrupt("bitmap '" + e.name + "': " + overlap);
   return table;
+}
+
+std::string ImageImpl::BitmapClustersProblemLocked(const BitmapDirectoryEntry& e,
+                                                   const std::vector<BitmapTableEntry>& table) {
+  // 1. The clusters the image's metadata holds, as [first, last] ranges.
+  std::vector<std::pair<uint64_t, uint64_t>> meta;
+  auto add = [&](uint64_t offset, uint64_t bytes) {
+    if (bytes == 0) return;
+    meta.push_back({offset >> cluster_bits_, (offset + bytes - 1) >> cluster_bits_});
+  };
+  add(0, 1);
+  add(l1_moved_ ? new_l1_offset_ : header_.l1_table_offset, uint64_t(l1_.size()) * 8);
+  for (uint64_t entry : l1_) add(L1Offset(entry), cs());
+  add(allocator_->table_offset(), uint64_t{allocator_->table_clusters()} * cs());
+  for (uint64_t block : allocator_->block_offsets()) add(block, cs());
+  if (header_.nb_snapshots != 0) {
+    auto snaps = ReadSnapshotTable(*storage_, header_);
+    if (!snaps) return "the snapshot table does not read: " + snaps.error().message();
+    add(header_.snapshots_offset, EncodeSnapshotTable(*snaps).size());
+    for (const Snapshot& sn : *snaps) add(sn.l1_table_offset, uint64_t{sn.l1_size} * 8);
+  }
+  if (header_.bitmaps) {
+    add(header_.bitmaps->bitmap_directory_offset, header_.bitmaps->bitmap_directory_size);
+  }
+  for (const BitmapDirectoryEntry& other : bitmap_dir_) {
+    if (other.name != e.name) add(other.bitmap_table_offset, uint64_t{other.bitmap_table_size} * 8);
+  }
+  // Merged into disjoint ranges, so one binary search answers.
+  std::sort(meta.begin(), meta.end());
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  for (const auto& r : meta) {
+    if (!merged.empty() && r.first <= merged.back().second + 1) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  auto is_meta = [&](uint64_t c) {
+    auto it = std::upper_bound(merged.begin(), merged.end(), std::make_pair(c, UINT64_MAX));
+    return it != merged.begin() && std::prev(it)->second >= c;
+  };
+  // 2. The bitmap's own clusters: each once, refcount 1, no metadata.
+  std::vector<uint64_t> mine;
+  const uint64_t table_bytes = uint64_t{e.bitmap_table_size} * 8;
+  for (uint64_t off = e.bitmap_table_offset & ~(cs() - 1);
+       off < e.bitmap_table_offset + table_bytes; off += cs()) {
+    mine.push_back(off >> cluster_bits_);
+  }
+  for (const BitmapTableEntry& t : table) {
+    if (t.host_offset != 0) mine.push_back(t.host_offset >> cluster_bits_);
+  }
+  std::vector<uint64_t> sorted = mine;
+  std::sort(sorted.begin(), sorted.end());
+  if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+    return "a cluster is named twice by its table";
+  }
+  for (uint64_t c : mine) {
+    if (is_meta(c)) return fmt::format("cluster {:#x} is also the image's metadata", c << cluster_bits_);
+    auto rc = allocator_->GetRefcount(c << cluster_bits_);
+    if (!rc) return "its refcounts do not read: " + rc.error().message();
+    if (*rc != 1) return fmt::format("cluster {:#x} has refcount {}, not 1", c << cluster_bits_, *rc);
+  }
+  return "";
 }
 
 Result<BitVector> ImageImpl::ReadBitmapBitsLocked(const BitmapDirectoryEntry& e) {
@@ -164,28 +233,26 @@ Result<BitmapDirectoryEntry> ImageImpl::WriteNewBitmapLocked(const BitmapDirecto
 
 Status ImageImpl::StoreBitmapDirectoryLocked(std::vector<BitmapDirectoryEntry> entries) {
   const Header before = header_;
-  uint64_t new_offset = 0, new_clusters = 0;
   if (entries.empty()) {
     header_.bitmaps.reset();
     header_.autoclear_features &= ~kAutoclearBitmaps;
   } else {
     std::vector<uint8_t> bytes = EncodeBitmapDirectory(entries);
-    new_clusters = DivUp(bytes.size(), cs());
-    TD_ASSIGN_OR_RETURN(Allocator::Allocation a, allocator_->AllocateClusters(new_clusters));
-    new_offset = a.offset;
+    const uint64_t clusters = DivUp(bytes.size(), cs());
+    TD_ASSIGN_OR_RETURN(Allocator::Allocation a, allocator_->AllocateClusters(clusters));
     // Rule: the directory's refcount, then the directory itself, are
     // durable before the header names it.
     Status s = FlushMetadataLocked();
     if (s.ok()) {
       storage_->Announce(io::Event::kBitmapTable);
-      s = storage_->WriteAt(new_offset, bytes);
+      s = storage_->WriteAt(a.offset, bytes);
     }
     if (s.ok()) s = storage_->Flush();
     if (!s.ok()) {
-      allocator_->DeferFree(new_offset, new_clusters);
+      allocator_->DeferFree(a.offset, clusters);  // nothing names it
       return s;
     }
-    header_.bitmaps = BitmapsExtension{uint32_t(entries.size()), bytes.size(), new_offset};
+    header_.bitmaps = BitmapsExtension{uint32_t(entries.size()), bytes.size(), a.offset};
     header_.autoclear_features |= kAutoclearBitmaps;
   }
   // The switch. While the extension stays, it is one write of the first
@@ -193,6 +260,7 @@ Status ImageImpl::StoreBitmapDirectoryLocked(std::vector<BitmapDirectoryEntry> e
   // change together. When it comes or goes, everything after it moves:
   // RewriteHeader's ordered steps then keep the old or the new header
   // readable whatever a crash tears.
+  bitmap_dir_ = std::move(entries);
   Status s;
   if (before.bitmaps.has_value() == header_.bitmaps.has_value()) {
     s = WriteHeaderLocked();
@@ -201,7 +269,10 @@ Status ImageImpl::StoreBitmapDirectoryLocked(std::vector<BitmapDirectoryEntry> e
     s = RewriteHeader(*storage_, header_);
   }
   if (!s.ok()) {
-    header_ = before;  // the disk may still hold the old header: keep its view (new space leaks)
+    // The disk may hold either header now. The new one is the engine's view
+    // from here on, and the next flush writes it again (stage 4), so disk
+    // and engine converge; the old directory is not freed (a leak at worst).
+    header_dirty_ = true;
     return s;
   }
   // Rule: a refcount is lowered only after nothing points at the cluster.
@@ -209,7 +280,6 @@ Status ImageImpl::StoreBitmapDirectoryLocked(std::vector<BitmapDirectoryEntry> e
     allocator_->DeferFree(before.bitmaps->bitmap_directory_offset,
                           DivUp(before.bitmaps->bitmap_directory_size, cs()));
   }
-  bitmap_dir_ = std::move(entries);
   return Status::Ok();
 }
 
@@ -263,7 +333,11 @@ Status ImageImpl::OpenBitmapsLocked() {
 }
 
 Status ImageImpl::PrepareResizedBitmapsLocked(uint64_t new_size) {
+  if (resized_bitmaps_) DropResizedBitmapsLocked();  // an earlier resize that did not finish
   if (bitmap_dir_.empty()) return Status::Ok();
+  if (new_size == 0) {
+    return Status::InvalidArgument("cannot resize to 0 bytes while the image has bitmaps");
+  }
   // qemu refuses too: an inconsistent bitmap has no size to carry over.
   for (const BitmapDirectoryEntry& e : bitmap_dir_) {
     TD_ASSIGN_OR_RETURN(uint64_t file_size, storage_->Size());
@@ -288,21 +362,33 @@ Status ImageImpl::PrepareResizedBitmapsLocked(uint64_t new_size) {
     // Bits past a smaller end go; a larger disk's new granules start clean.
     bits.Resize(BitmapBits(new_size, e.granularity_bits));
     std::vector<uint64_t> clusters;
-    TD_ASSIGN_OR_RETURN(BitmapDirectoryEntry ne,
-                        WriteNewBitmapLocked(e, bits, tracked, &clusters));
-    r->dir.push_back(ne);
+    auto ne = WriteNewBitmapLocked(e, bits, tracked, &clusters);
+    if (!ne) {
+      for (const std::string& name : r->tracked) tracker_->Remove(ResizeShadowName(name));
+      return ne.error();
+    }
+    r->dir.push_back(*ne);
     r->frees.push_back({e.bitmap_table_offset, DivUp(uint64_t{e.bitmap_table_size} * 8, cs())});
     for (const BitmapTableEntry& t : table) {
       if (t.host_offset != 0) r->frees.push_back({t.host_offset, 1});
     }
-    if (tracked) r->tracked.push_back({e.name, e.granularity_bits, clusters, std::move(bits)});
+    if (tracked) {
+      tracker_->Add({ResizeShadowName(e.name), e.granularity_bits, clusters, std::move(bits)});
+      r->tracked.push_back(e.name);
+    }
   }
   std::vector<uint8_t> dir = EncodeBitmapDirectory(r->dir);
-  TD_ASSIGN_OR_RETURN(Allocator::Allocation a,
-                      allocator_->AllocateClusters(DivUp(dir.size(), cs())));
-  storage_->Announce(io::Event::kBitmapTable);
-  TD_RETURN_IF_ERROR(storage_->WriteAt(a.offset, dir));
-  r->ext = BitmapsExtension{uint32_t(r->dir.size()), dir.size(), a.offset};
+  auto a = allocator_->AllocateClusters(DivUp(dir.size(), cs()));
+  Status s = a.status();
+  if (s.ok()) {
+    storage_->Announce(io::Event::kBitmapTable);
+    s = storage_->WriteAt(a->offset, dir);
+  }
+  if (!s.ok()) {
+    for (const std::string& name : r->tracked) tracker_->Remove(ResizeShadowName(name));
+    return s;
+  }
+  r->ext = BitmapsExtension{uint32_t(r->dir.size()), dir.size(), a->offset};
   // The old directory goes with the old bitmaps.
   r->frees.push_back({header_.bitmaps->bitmap_directory_offset,
                       DivUp(header_.bitmaps->bitmap_directory_size, cs())});
@@ -315,9 +401,17 @@ void ImageImpl::ApplyResizedBitmapsLocked() {
   // the header naming the new directory is durable (stage 5 applies these).
   for (const Allocator::Range& f : resized_bitmaps_->frees) allocator_->DeferFree(f.offset, f.n);
   bitmap_dir_ = std::move(resized_bitmaps_->dir);
-  for (BitmapTracker::Bitmap& b : resized_bitmaps_->tracked) {
-    tracker_->Remove(b.name);
-    tracker_->Add(std::move(b));
+  for (const std::string& name : resized_bitmaps_->tracked) {
+    tracker_->Remove(name);
+    tracker_->Rename(ResizeShadowName(name), name);
+  }
+  resized_bitmaps_.reset();
+}
+
+void ImageImpl::DropResizedBitmapsLocked() {
+  if (!resized_bitmaps_) return;
+  for (const std::string& name : resized_bitmaps_->tracked) {
+    tracker_->Remove(ResizeShadowName(name));
   }
   resized_bitmaps_.reset();
 }

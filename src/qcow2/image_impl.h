@@ -144,7 +144,10 @@ class ImageImpl final : public Image {
   bool FillNeedless(uint64_t gc, const L2Mapping& m, uint32_t sub, bool host_zero) const;
 
   // ---- zeroes / discard (image_zero.cc) ----
-  Status ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool fast_only, bool discard);
+  // `mark`: the bitmaps track the change (not for space a resize adds or
+  // cuts, which is outside what they cover).
+  Status ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool fast_only, bool discard,
+                   bool mark = true);
   Status ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bool unmap, bool discard);
   uint64_t ClusterBytes(uint64_t gc) const;  // cs, or less for the image's last cluster
 
@@ -178,7 +181,10 @@ class ImageImpl final : public Image {
   Status OpenBitmapsLocked();
   // Writes `entries` as the new directory (or drops the extension when
   // empty) and switches the header to it; the old directory is freed
-  // deferred. REQUIRES mu_ and no request in flight.
+  // deferred. A failure before the header write changes nothing; one in
+  // it or its sync leaves `entries` the engine's view, written again by
+  // the next flush (callers keep tracking what they were to drop, and free
+  // nothing). REQUIRES mu_ and no request in flight.
   Status StoreBitmapDirectoryLocked(std::vector<BitmapDirectoryEntry> entries);
   // Makes entry `e`'s data hold `bits`: in place where a data cluster
   // exists, in new clusters where one must (all of them with
@@ -201,9 +207,24 @@ class ImageImpl final : public Image {
   // bitmaps of another size; ApplyResizedBitmapsLocked then frees the old
   // ones and tracks the new. kInvalidArgument when a bitmap is
   // inconsistent or would exceed the limits at the new size. REQUIRES mu_.
+  // Until then each tracked bitmap's new copy is tracked too, under
+  // ResizeShadowName, so no change made meanwhile is missing from it
+  // whenever the switch comes; DropResizedBitmapsLocked gives up a resize
+  // that will not happen (its clusters leak).
   Status PrepareResizedBitmapsLocked(uint64_t new_size);
   void ApplyResizedBitmapsLocked();
-  // The table entries of `e` (validated) and its bits as stored.
+  void DropResizedBitmapsLocked();
+  static std::string ResizeShadowName(const std::string& name) { return "\x01resize:" + name; }
+  // Why the clusters of bitmap `e` (its table, and the data clusters
+  // `table` names) may be neither written nor freed: "" when each has
+  // refcount 1 and none is the image's metadata (header, L1 and L2
+  // tables, refcount table and blocks, snapshot table and snapshot L1s,
+  // the directory, another bitmap's table) or named twice. qemu keeps such
+  // an overlap from being written; a bitmap that has one is inconsistent.
+  // REQUIRES mu_.
+  std::string BitmapClustersProblemLocked(const BitmapDirectoryEntry& e,
+                                          const std::vector<BitmapTableEntry>& table);
+  // The table entries of `e` (validated, overlaps included) and its bits as stored.
   Result<std::vector<BitmapTableEntry>> ReadBitmapTableLocked(const BitmapDirectoryEntry& e);
   Result<BitVector> ReadBitmapBitsLocked(const BitmapDirectoryEntry& e);
 
@@ -253,7 +274,7 @@ class ImageImpl final : public Image {
     BitmapsExtension ext;
     std::vector<BitmapDirectoryEntry> dir;
     std::vector<Allocator::Range> frees;  // the old bitmaps' clusters
-    std::vector<BitmapTracker::Bitmap> tracked;
+    std::vector<std::string> tracked;     // names whose new copy the tracker has as a shadow
   };
   std::unique_ptr<ResizedBitmaps> resized_bitmaps_;  // guarded by mu_
 

@@ -178,7 +178,7 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
       tail_held = HoldsData(m, extended_);  // else it reads as zeros or backing
     }
     if (tail_held) {
-      Status z = ZeroRange(new_size, tail_end - new_size, true, false, false);
+      Status z = ZeroRange(new_size, tail_end - new_size, true, false, false, /*mark=*/false);
       if (!z.ok()) return z.WithContext("zeroing the cut tail at " + Hex(new_size));
     }
     // 3. Drop what lies past the end; the bitmaps shrink with the disk.
@@ -187,7 +187,7 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
       TD_RETURN_IF_ERROR(PrepareResizedBitmapsLocked(new_size));
       Status dropped = DropMappingsPastLocked(new_size, old_size);
       if (!dropped.ok()) {
-        resized_bitmaps_.reset();  // never named: their clusters leak at worst
+        DropResizedBitmapsLocked();  // never named: their clusters leak at worst
         return dropped;
       }
       size_ = new_size;
@@ -211,7 +211,6 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
       return Status::InvalidArgument("size " + std::to_string(new_size) +
                                      " needs an L1 table larger than the limit");
     }
-    TD_RETURN_IF_ERROR(PrepareResizedBitmapsLocked(new_size));
     if (needed > l1_.size()) {
       // A larger L1 goes to a new place; stage 4 writes it, then the header.
       uint64_t clusters = (needed * 8 + cs() - 1) / cs();
@@ -223,6 +222,8 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
       new_l1_offset_ = a.offset;
       l1_moved_ = true;
     }
+    // The bitmaps grow with the disk, named by the header write of its size.
+    TD_RETURN_IF_ERROR(PrepareResizedBitmapsLocked(new_size));
     size_ = new_size;
     header_dirty_ = true;
   }
@@ -231,7 +232,7 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
   uint64_t end = std::min(new_size, (old_size + cs() - 1) / cs() * cs());
   if (backing_) end = std::max(end, std::min(new_size, backing_->size()));
   if (end > old_size) {
-    Status z = ZeroRange(old_size, end - old_size, false, false, false);
+    Status z = ZeroRange(old_size, end - old_size, false, false, false, /*mark=*/false);
     if (!z.ok()) return z.WithContext("zeroing grown space at " + Hex(old_size));
   }
   return FlushAll();

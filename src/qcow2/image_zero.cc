@@ -28,7 +28,7 @@ uint64_t ImageImpl::ClusterBytes(uint64_t gc) const {
 }
 
 Status ImageImpl::ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool fast_only,
-                            bool discard) {
+                            bool discard, bool mark) {
   if (read_only_) return Status::ReadOnly(info_.filename + ": image is opened read-only");
   TD_RETURN_IF_ERROR(CheckRange(offset, length));
   if (fast_only) {
@@ -39,7 +39,7 @@ Status ImageImpl::ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool f
       return Status::NotSupported("zeroing this range would need data writes");
     }
   }
-  TD_RETURN_IF_ERROR(MarkChanged(offset, length));
+  if (mark) TD_RETURN_IF_ERROR(MarkChanged(offset, length));
   uint64_t done = 0;
   const uint64_t l2_span = l2_entries_ * cs();
   while (done < length) {

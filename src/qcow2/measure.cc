@@ -94,6 +94,23 @@ Result<uint64_t> FullyAllocatedSize(const CreateOptions& o) {
   return total * cs;
 }
 
+uint64_t MeasureBitmaps(const std::vector<BitmapInfo>& bitmaps, uint64_t virtual_size,
+                        uint64_t cluster_size) {
+  if (bitmaps.empty()) return 0;
+  uint64_t clusters = 0;
+  uint64_t directory_bytes = 0;
+  for (const BitmapInfo& b : bitmaps) {
+    // qemu reserves the whole bitmap (the table's size) and its table.
+    const uint64_t data = BitmapTableEntries(virtual_size, b.granularity_bits, cluster_size);
+    clusters += data + DivRoundUp(data * 8, cluster_size);
+    // A directory entry: 24 bytes and the name, padded to 8 (no extra data).
+    directory_bytes += (24 + b.name.size() + 7) / 8 * 8;
+  }
+  // The directory is rounded up as a whole, not per entry.
+  clusters += DivRoundUp(directory_bytes, cluster_size);
+  return clusters * cluster_size;
+}
+
 Result<MeasureResult> Measure(block::Device* source, const CreateOptions& options) {
   CreateOptions o = options;
   if (source != nullptr) o.size = source->size();

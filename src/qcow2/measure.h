@@ -11,14 +11,19 @@
 // convert, it reads the source's allocated data to find the all-zero
 // 4 KiB runs convert does not write.
 //
+// MeasureBitmaps is qemu-img's "bitmaps" figure: what the persistent
+// bitmaps of the source take in the new image (`convert --bitmaps`).
+//
 // Thread safety: none needed (no shared state); the source is only read.
 // Errors: kInvalidArgument (options create would refuse), the source's read
 // errors.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "block/device.h"
+#include "qcow2/bitmaps.h"
 #include "qcow2/image.h"
 #include "util/result.h"
 
@@ -42,6 +47,15 @@ inline constexpr uint64_t kConvertSparseGrain = 4096;
 // backing file (what the backing file covers is unknown, so every cluster
 // is counted, as qemu-img does), required == fully_allocated.
 Result<MeasureResult> Measure(block::Device* source, const CreateOptions& options);
+
+// The bytes `bitmaps` (a qcow2 source's, ListBitmaps) take in a qcow2 image
+// of `virtual_size` with clusters of `cluster_size`, as qemu-img measure
+// counts them: every data cluster of each bitmap (as if all of it were
+// dirty) and its table, plus the directory, rounded up to whole clusters;
+// 0 without bitmaps. Disabled and inconsistent (in_use) bitmaps count too.
+// Pure arithmetic. REQUIRES: cluster_size a power of two >= 512.
+uint64_t MeasureBitmaps(const std::vector<BitmapInfo>& bitmaps, uint64_t virtual_size,
+                        uint64_t cluster_size);
 
 // The file size of an image created with `options` and preallocation=full
 // (every L2 table and data cluster present). Pure arithmetic: the layout

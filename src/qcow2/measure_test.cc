@@ -1,11 +1,15 @@
 // Measure: the replay on metadata-only storage gives the same file size as
 // the same writes with real data; fully-allocated equals what create lays
-// out with preallocation; an empty image measures what create writes.
+// out with preallocation; an empty image measures what create writes;
+// MeasureBitmaps gives qemu-img measure's "bitmaps" figures.
 #include "qcow2/measure.h"
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "qcow2/image_test_util.h"
 
@@ -113,6 +117,67 @@ INSTANTIATE_TEST_SUITE_P(Layouts, MeasureTest,
                                            std::make_tuple(512u, false, 16u),
                                            std::make_tuple(65536u, true, 1u),
                                            std::make_tuple(2097152u, true, 64u)));
+
+BitmapInfo Bitmap(uint64_t granularity, size_t name_size = 2) {
+  BitmapInfo b;
+  b.name = std::string(name_size, 'b');
+  b.granularity_bits = uint32_t(std::countr_zero(granularity));
+  return b;
+}
+
+struct BitmapCase {
+  uint64_t virtual_size;
+  uint64_t cluster_size;
+  std::vector<BitmapInfo> bitmaps;
+  uint64_t expected;  // what qemu-img 7.2 measure -O qcow2 printed
+};
+
+// Figures observed with qemu-img 7.2 (-o cluster_size=CLUSTER; the source's
+// cluster size plays no part).
+TEST(MeasureBitmapsTest, MatchesQemuImg) {
+  constexpr uint64_t kGiB = uint64_t{1} << 30;
+  constexpr uint64_t k64 = 65536;
+  const std::vector<BitmapCase> cases = {
+      {kGiB, k64, {}, 0},
+      {kGiB, k64, {Bitmap(k64)}, 196608},
+      {kGiB, k64, {Bitmap(k64), Bitmap(k64)}, 327680},
+      {kGiB, k64, {Bitmap(4096)}, 196608},
+      {kGiB, k64, {Bitmap(512)}, 393216},
+      {10 * kGiB, k64, {Bitmap(512)}, 2752512},
+      {10 * kGiB, k64, {Bitmap(4096)}, 458752},
+      {100 * kGiB, k64, {Bitmap(k64), Bitmap(4096), Bitmap(512)}, 30015488},
+      {1024 * kGiB, k64, {Bitmap(512)}, 268566528},
+      {1024 * kGiB, k64, {Bitmap(4096)}, 33685504},
+      {3 * kGiB, k64, {Bitmap(k64)}, 196608},
+      {1000001, k64, {Bitmap(512)}, 196608},
+      {kGiB, 131072, {Bitmap(512)}, 524288},
+      {100 * kGiB, 131072, {Bitmap(512)}, 26476544},
+      {kGiB, 4096, {Bitmap(k64)}, 12288},
+      {kGiB, 4096, {Bitmap(512)}, 270336},
+      {kGiB, 2 * kMiB, {Bitmap(512)}, 6291456},
+      {kGiB, 512, {Bitmap(k64)}, 3072},
+      {kGiB, 512, {Bitmap(k64, 1023)}, 4096},
+      // The directory is rounded up as a whole: 3 x 1048 bytes = 7 clusters.
+      {kGiB, 512, {Bitmap(k64, 1023), Bitmap(k64, 1023), Bitmap(k64, 1023)}, 11264},
+      {kGiB, 512, std::vector<BitmapInfo>(16, Bitmap(k64)), 41472},
+      {kGiB, 512, {Bitmap(512)}, 266752},
+  };
+  for (const BitmapCase& c : cases) {
+    EXPECT_EQ(MeasureBitmaps(c.bitmaps, c.virtual_size, c.cluster_size), c.expected)
+        << c.bitmaps.size() << " bitmap(s), size " << c.virtual_size << ", cluster "
+        << c.cluster_size;
+  }
+}
+
+// Disabled and inconsistent bitmaps count like any other.
+TEST(MeasureBitmapsTest, CountsEveryBitmap) {
+  BitmapInfo in_use = Bitmap(65536);
+  in_use.in_use = true;
+  in_use.problem = "in use";
+  BitmapInfo disabled = Bitmap(65536);
+  disabled.enabled = false;
+  EXPECT_EQ(MeasureBitmaps({in_use, disabled}, uint64_t{1} << 30, 65536), 327680u);
+}
 
 }  // namespace
 }  // namespace thindisk::qcow2
