@@ -33,6 +33,7 @@ int RunThindisk(int argc, const char* const* argv) {
   commands.push_back(NewAmendCommand());
   commands.push_back(NewSnapshotCommand());
   commands.push_back(NewBitmapCommand());
+  commands.push_back(NewBackupCommand());
   commands.push_back(NewResizeCommand());
   commands.push_back(NewMeasureCommand());
   commands.push_back(NewCompactCommand());

@@ -109,6 +109,7 @@ std::unique_ptr<Subcommand> NewRebaseCommand();
 std::unique_ptr<Subcommand> NewAmendCommand();
 std::unique_ptr<Subcommand> NewSnapshotCommand();
 std::unique_ptr<Subcommand> NewBitmapCommand();
+std::unique_ptr<Subcommand> NewBackupCommand();
 std::unique_ptr<Subcommand> NewResizeCommand();
 std::unique_ptr<Subcommand> NewMeasureCommand();
 std::unique_ptr<Subcommand> NewCompactCommand();

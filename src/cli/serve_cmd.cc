@@ -24,6 +24,7 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/serve_control.h"
 #include "cli/serve_fork.h"
 #include "cli/serve_list.h"
 #include "cli/serve_open.h"
@@ -132,6 +133,9 @@ class ServeCommand final : public Subcommand {
     sub->add_option("-o,--offset", offset_text_, "The export starts at this byte of the image");
     sub->add_flag("-A,--allocation-depth", allocation_depth_,
                   "Offer qemu:allocation-depth (always offered)");
+    sub->add_option("--control", control_,
+                    "A Unix socket for backups of the served images (bitmap generations "
+                    "and clears; docs/backup.md), mode 0600");
     sub->add_option("-B,--bitmap", bitmaps_,
                     "Offer the image's persistent bitmap NAME as qemu:dirty-bitmap:NAME "
                     "(repeatable)")
@@ -189,6 +193,7 @@ class ServeCommand final : public Subcommand {
     // 3. Open the images and serve.
     std::vector<std::shared_ptr<block::Device>> devices;  // closed at the end
     std::vector<nbd::Export> exports;
+    std::vector<ControlServer::Target> control_targets;
     auto close_all = [&devices]() {
       Status first;
       for (auto& d : devices) {
@@ -215,12 +220,24 @@ class ServeCommand final : public Subcommand {
       e.device = dev->device;
       e.bitmaps = dev->bitmaps;
       exports.push_back(std::move(e));
+      control_targets.push_back({spec.name, dev->image});
+    }
+    std::unique_ptr<ControlServer> control;
+    if (result.has_value() && !control_.empty()) {
+      auto started = ControlServer::Start(control_, std::move(control_targets));
+      if (started) {
+        control = std::move(*started);
+      } else {
+        (void)close_all();
+        result = started.status();
+      }
     }
     if (result.has_value()) {
       std::vector<std::string> names;
       for (const Spec& s : specs) names.push_back(s.name);
       result = Serve(std::move(exports), names, report ? &*report : nullptr,
                      base.open.cache != io::CacheMode::kNone);
+      control.reset();  // no clear may land while the images close
       Status closed = close_all();
       if (result.has_value() && !closed.ok()) result = closed;
     }
@@ -489,6 +506,7 @@ class ServeCommand final : public Subcommand {
   std::string connect_;
   bool disconnect_ = false;
   std::vector<std::string> bitmaps_;
+  std::string control_;
   ServeTlsOptions tls_options_;
   std::shared_ptr<nbd::TlsServer> tls_;  // null: no TLS
   std::string selinux_label_;

@@ -97,6 +97,7 @@ Result<OpenedExport> OpenExportDevice(const std::string& file, const ExportSetti
   }
   // The bitmaps, from the image itself (the views below do not move bytes).
   OpenedExport out;
+  out.image = dev;
   for (const std::string& name : settings.bitmaps) {
     auto bitmap = qcow2::ExportBitmap(dev, name);
     if (!bitmap) {

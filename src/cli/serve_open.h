@@ -41,6 +41,7 @@ struct ExportSettings {
 
 struct OpenedExport {
   std::shared_ptr<block::Device> device;
+  std::shared_ptr<block::Device> image;  // the image (or -s overlay) under the views
   std::vector<std::shared_ptr<block::DirtyBitmap>> bitmaps;  // as settings.bitmaps names them
 };
 

@@ -68,6 +68,38 @@ bool BitmapTracker::RunAt(const std::string& name, uint64_t bit, bool* dirty,
   return false;
 }
 
+void BitmapTracker::Done() {
+  if (tracked_.load() == 0) return;
+  std::lock_guard lock(mu_);
+  for (State& s : bitmaps_) ++s.generation;
+}
+
+bool BitmapTracker::Generation(const std::string& name, uint64_t* generation) const {
+  std::lock_guard lock(mu_);
+  for (const State& s : bitmaps_) {
+    if (s.b.name == name) {
+      *generation = s.generation;
+      return true;
+    }
+  }
+  return false;
+}
+
+Status BitmapTracker::ClearExact(const std::string& name, const uint64_t* if_generation) {
+  std::lock_guard lock(mu_);
+  for (State& s : bitmaps_) {
+    if (s.b.name != name) continue;
+    if (if_generation && *if_generation != s.generation) {
+      return Status::Busy("bitmap '" + name + "' tracked " +
+                          std::to_string(s.generation - *if_generation) +
+                          " change(s) since generation " + std::to_string(*if_generation));
+    }
+    s.exact.ClearAll();
+    return Status::Ok();
+  }
+  return Status::NotFound("bitmap '" + name + "' is not tracked");
+}
+
 BitVector* BitmapTracker::ExactBits(const std::string& name) {
   std::lock_guard lock(mu_);
   for (State& s : bitmaps_) {
@@ -114,6 +146,7 @@ Status BitmapTracker::Mark(uint64_t offset, uint64_t length) {
     const uint64_t first = offset >> s.b.granularity_bits;
     const uint64_t last = (offset + length - 1) >> s.b.granularity_bits;
     s.exact.SetRange(first, last - first + 1);
+    ++s.generation;
   }
   const std::vector<RegionRef> need = Missing(offset, length);
   // Rule: the bits covering a change are durable before the change is

@@ -89,6 +89,20 @@ class BitmapTracker {
   // state and how many bits it spans (to the bitmap's end). False when
   // `name` is not tracked. Safe beside Mark.
   bool RunAt(const std::string& name, uint64_t bit, bool* dirty, uint64_t* bits) const;
+  // After a change that Mark announced has completed (or failed): counted
+  // in every generation again, so a change in flight while a backup read
+  // the disk moves the generation whenever it ends.
+  void Done();
+  // How many changes bitmap `name` has tracked since it was first tracked
+  // here: a backup reads it before it copies and clears only if it has not
+  // moved (ClearExact). False when `name` is not tracked.
+  bool Generation(const std::string& name, uint64_t* generation) const;
+  // Clears the exact bits of `name` in memory, safely beside Mark: its copy
+  // on disk keeps what it has (a superset is always allowed) until a
+  // write-back. With `if_generation`, only when no change was tracked since
+  // that generation (kBusy otherwise: the disk changed while it was being
+  // backed up). kNotFound when `name` is not tracked.
+  Status ClearExact(const std::string& name, const uint64_t* if_generation);
   // The exact bits of a tracked bitmap (nullptr when not tracked); the
   // caller may change them (clear, merge) and then calls WriteBack.
   BitVector* ExactBits(const std::string& name);
@@ -103,6 +117,7 @@ class BitmapTracker {
     BitVector durable;  // per region
     BitVector pending;  // per region: in the next write round
     uint64_t region_bits = 1;
+    uint64_t generation = 0;  // marks and completions of changes
   };
   struct RegionRef {
     size_t bitmap;

@@ -385,6 +385,54 @@ Result<std::shared_ptr<block::DirtyBitmap>> ExportBitmap(std::shared_ptr<block::
       std::move(image), *impl, name, it->granularity_bits, std::move(stored)));
 }
 
+namespace {
+
+// The tracker of `image` when it tracks `name`; else why not.
+Result<BitmapTracker*> TrackerFor(block::Device& image, const std::string& name) {
+  TD_ASSIGN_OR_RETURN(ImageImpl * impl, Impl(image));
+  TD_ASSIGN_OR_RETURN(std::vector<BitmapInfo> list, BitmapEditor(*impl).List());
+  auto it = std::find_if(list.begin(), list.end(),
+                         [&](const BitmapInfo& b) { return b.name == name; });
+  if (it == list.end()) return Status::NotFound("bitmap '" + name + "' is not found");
+  BitmapTracker* tracker = impl->bitmap_tracker();
+  if (tracker == nullptr || !tracker->Tracks(name)) {
+    return Status::NotSupported("bitmap '" + name + "' is not tracked here (" +
+                                (tracker == nullptr ? "the image is open read-only"
+                                                    : "the bitmap is disabled or inconsistent") +
+                                ")");
+  }
+  return tracker;
+}
+
+}  // namespace
+
+Result<BitmapLiveState> QueryBitmapLive(block::Device& image, const std::string& name) {
+  TD_ASSIGN_OR_RETURN(BitmapTracker * tracker, TrackerFor(image, name));
+  BitmapLiveState st;
+  st.name = name;
+  TD_ASSIGN_OR_RETURN(auto list, ListBitmaps(image));
+  for (const BitmapInfo& b : list) {
+    if (b.name == name) st.granularity_bits = b.granularity_bits;
+  }
+  BitVector bits;
+  if (!tracker->Generation(name, &st.generation) || !tracker->CopyExact(name, &bits)) {
+    return Status::NotFound("bitmap '" + name + "' is no longer tracked");
+  }
+  const uint64_t size = image.size();
+  for (uint64_t a = bits.NextSet(0); a < bits.size();) {
+    const uint64_t b = bits.NextClear(a);
+    st.dirty_bytes += std::min(size, b << st.granularity_bits) - (a << st.granularity_bits);
+    a = bits.NextSet(b);
+  }
+  return st;
+}
+
+Status ClearBitmapLive(block::Device& image, const std::string& name,
+                       std::optional<uint64_t> if_generation) {
+  TD_ASSIGN_OR_RETURN(BitmapTracker * tracker, TrackerFor(image, name));
+  return tracker->ClearExact(name, if_generation ? &*if_generation : nullptr);
+}
+
 uint32_t DefaultBitmapGranularityBits(Image& image) {
   // qemu's rule: the cluster size, kept within 4 KiB..64 KiB.
   const uint32_t bits = image.header().cluster_bits;

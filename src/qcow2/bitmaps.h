@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,23 @@ Result<BitVector> ReadBitmap(block::Device& image, const std::string& name);
 // kNotSupported for an image that is not qcow2.
 Result<std::shared_ptr<block::DirtyBitmap>> ExportBitmap(std::shared_ptr<block::Device> image,
                                                         const std::string& name);
+
+// Live operations, safe while requests run (thindisk serve's control
+// socket; a backup): they act on an enabled bitmap the image tracks
+// (opened read-write), else kNotSupported naming why.
+struct BitmapLiveState {
+  std::string name;
+  uint32_t granularity_bits = 16;
+  uint64_t generation = 0;   // changes tracked since the image was opened
+  uint64_t dirty_bytes = 0;  // marked bytes, whole granules (the disk's end cuts the last)
+};
+Result<BitmapLiveState> QueryBitmapLive(block::Device& image, const std::string& name);
+// Clears `name` in memory; its copy on disk keeps a superset of the
+// changes (so a crash loses nothing) until the image is closed or a bitmap
+// operation writes it back. With `if_generation`, only if no change was
+// tracked since then: kBusy otherwise.
+Status ClearBitmapLive(block::Device& image, const std::string& name,
+                       std::optional<uint64_t> if_generation);
 
 // qemu-img's default granularity for a new bitmap on this image: the
 // cluster size, kept within 4 KiB..64 KiB.

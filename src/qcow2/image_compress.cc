@@ -62,6 +62,7 @@ Status ImageImpl::WriteCompressed(uint64_t offset, std::span<const uint8_t> data
     return Status::InvalidArgument("compressed write must cover one whole cluster");
   }
   TD_RETURN_IF_ERROR(MarkChanged(offset, data.size()));
+  ChangeDone change_done(tracker_.get());
   // The last cluster is padded with zeros, as qemu does: a compressed
   // cluster always decompresses to a full cluster.
   std::vector<uint8_t> padded;

@@ -30,6 +30,7 @@ Status ImageImpl::Deallocate(uint64_t offset, uint64_t length) {
   }
   // What the range reads may change (to the backing file's content).
   TD_RETURN_IF_ERROR(MarkChanged(offset, length));
+  ChangeDone change_done(tracker_.get());
   // What the changed mappings released: punched, then freed, after the flush.
   struct Released {
     L2Mapping old;

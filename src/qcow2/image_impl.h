@@ -174,6 +174,20 @@ class ImageImpl final : public Image {
   Status MarkChanged(uint64_t offset, uint64_t length) {
     return tracker_ ? tracker_->Mark(offset, length) : Status::Ok();
   }
+  // Tells the tracker, when it goes out of scope, that the change marked
+  // before it has ended (BitmapTracker::Done).
+  class ChangeDone {
+   public:
+    explicit ChangeDone(BitmapTracker* tracker) : tracker_(tracker) {}
+    ~ChangeDone() {
+      if (tracker_) tracker_->Done();
+    }
+    ChangeDone(const ChangeDone&) = delete;
+    ChangeDone& operator=(const ChangeDone&) = delete;
+
+   private:
+    BitmapTracker* tracker_;
+  };
   // At open: reads the directory; read-write, starts tracking the enabled
   // bitmaps (their data clusters all allocated first) and sets in_use on
   // enabled ones it cannot keep (an inconsistent bitmap, as qemu marks

@@ -20,6 +20,7 @@ Status ImageImpl::Write(uint64_t offset, std::span<const uint8_t> buf, block::Wr
   if (read_only_) return Status::ReadOnly(info_.filename + ": image is opened read-only");
   TD_RETURN_IF_ERROR(CheckRange(offset, buf.size()));
   TD_RETURN_IF_ERROR(MarkChanged(offset, buf.size()));
+  ChangeDone change_done(tracker_.get());
   uint64_t done = 0;
   while (done < buf.size()) {
     uint64_t pos = offset + done;

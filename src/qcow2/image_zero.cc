@@ -40,6 +40,7 @@ Status ImageImpl::ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool f
     }
   }
   if (mark) TD_RETURN_IF_ERROR(MarkChanged(offset, length));
+  ChangeDone change_done(mark ? tracker_.get() : nullptr);
   uint64_t done = 0;
   const uint64_t l2_span = l2_entries_ * cs();
   while (done < length) {
