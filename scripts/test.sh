@@ -72,7 +72,7 @@ if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
     -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g1" -DTHINDISK_SANITIZE=thread
   step "build $BUILD_TSAN"
   TSAN_TARGETS=(nbd_server_test nbd_run_server_test nbd_negotiation_test nbd_filter_device_test
-                qcow2_engine_test compress_test io_test bench_test nbdclient_test
+                qcow2_engine_test qcow2_bitmaps_test compress_test io_test bench_test nbdclient_test
                 io_rados_test crash_test thindisk)
   cmake --build "$ROOT/$BUILD_TSAN" -j"$JOBS" --target "${TSAN_TARGETS[@]}"
   step "test $BUILD_TSAN"
@@ -89,6 +89,9 @@ if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
   "$TSAN_BIN/src/qcow2/qcow2_engine_test" --gtest_brief=1 \
     --gtest_filter='*Concurrency*:*FlushOrdering*:RangeLock*:*FaultIsolation*' || tsan_ok=0
   "$TSAN_BIN/src/util/compress_test" --gtest_brief=1 --gtest_filter='*Concurrent*' || tsan_ok=0
+  # Writers marking bitmaps at once (group-committed marks), live clears beside them.
+  "$TSAN_BIN/src/qcow2/qcow2_bitmaps_test" --gtest_brief=1 --gtest_filter='BitmapConcurrency*' ||
+    tsan_ok=0
   # The RADOS suite (concurrent writers, the lock's watch thread, librados
   # calling back on its own threads) on a cluster of its own, stopped
   # whatever the result. librados is not built with TSan: what it reports

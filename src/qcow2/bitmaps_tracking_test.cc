@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 #include <span>
 #include <thread>
@@ -457,6 +458,57 @@ TEST(BitmapConcurrency, ParallelWritersAreAllTracked) {
   EXPECT_BITS(*r2.image, "e12", Touched(kDisk, 12, all));
   ASSERT_TRUE(r2.image->Close().ok());
   ExpectCheckClean(*r2.storage);
+}
+
+// A served image's control socket clears and queries while writers run
+// (and an NBD export reads the live bits): each call is atomic, a clear
+// with a generation fails once a change started or ended after it was read,
+// and what the writers change after the last clear is all there.
+TEST(BitmapConcurrency, LiveQueriesAndClearsBesideWriters) {
+  constexpr uint64_t kDisk = 16 * kMiB;
+  auto dev = std::shared_ptr<block::Device>([&] {
+    MemImage m = CreateMem(Options(kDisk));
+    EXPECT_TRUE(Add(*m.image, "live", 16).ok());
+    return std::move(m.image);
+  }());
+  auto view = ExportBitmap(dev, "live");
+  ASSERT_TRUE(view.has_value()) << view.status().ToString();
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> writers;
+  for (int t = 0; t < 4; ++t) {
+    writers.emplace_back([&, t] {
+      std::mt19937_64 rng(t + 7);
+      for (int i = 0; i < 400 && !stop.load(); ++i) {
+        const uint64_t off = rng() % (kDisk - 8192);
+        EXPECT_TRUE(dev->Write(off, Pattern(i, 1 + rng() % 8192), {}).ok());
+      }
+    });
+  }
+  int cleared = 0, refused = 0;
+  for (int i = 0; i < 200; ++i) {
+    auto st = QueryBitmapLive(*dev, "live");
+    ASSERT_TRUE(st.has_value()) << st.status().ToString();
+    auto run = (*view)->RunAt(0, kDisk);
+    ASSERT_TRUE(run.has_value());
+    Status s = ClearBitmapLive(*dev, "live", st->generation);
+    if (s.ok()) ++cleared;
+    else if (s.code() == Code::kBusy) ++refused;
+    else FAIL() << s.ToString();
+  }
+  stop = true;
+  for (std::thread& w : writers) w.join();
+  EXPECT_GT(cleared + refused, 0);
+  // Quiet now: a clear at the current generation holds, then one write shows.
+  auto st = QueryBitmapLive(*dev, "live");
+  ASSERT_TRUE(st.has_value());
+  ASSERT_TRUE(ClearBitmapLive(*dev, "live", st->generation).ok());
+  EXPECT_EQ(QueryBitmapLive(*dev, "live")->dirty_bytes, 0u);
+  ASSERT_TRUE(dev->Write(5 * kMiB + 1, Pattern(1, 10), {}).ok());
+  auto after = QueryBitmapLive(*dev, "live");
+  EXPECT_EQ(after->dirty_bytes, 64u * 1024);
+  EXPECT_GT(after->generation, st->generation);
+  EXPECT_EQ(ClearBitmapLive(*dev, "live", st->generation).code(), Code::kBusy);
+  ASSERT_TRUE(dev->Close().ok());
 }
 
 }  // namespace

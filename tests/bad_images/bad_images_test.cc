@@ -176,6 +176,39 @@ void BackingChain(Build& b, int depth, bool loop) {
   b.target = b.dir / name(depth);
 }
 
+// An image with the bitmaps qemu-img adds (`add` flags each, e.g.
+// {"bm0"}, {"--disable", "bm1"}), after a write; `patch` gets the bytes and
+// the directory's offset, then the image is the result.
+void BitmapImage(Build& b, const std::vector<std::vector<std::string>>& adds,
+                 const std::function<void(Bytes&, uint64_t)>& patch) {
+  fs::path p = b.dir / "seed";
+  b.Must({QemuImg(), "create", "-q", "-f", "qcow2", "-o", "cluster_size=65536", p,
+          std::to_string(kSeedSize)});
+  for (const std::vector<std::string>& add : adds) {
+    std::vector<std::string> argv = {QemuImg(), "bitmap", "--add"};
+    argv.insert(argv.end(), add.begin(), add.end() - 1);
+    argv.push_back(p);
+    argv.push_back(add.back());
+    b.Must(argv);
+  }
+  b.Must({QemuIo(), "-c", "write -P 0x11 0 128k", p});
+  Bytes x = ReadFile(p);
+  fs::remove(p);
+  uint64_t dir = 0;
+  for (const Extension& e : ReadExtensions(x)) {
+    if (e.type == kExtBitmaps && e.data.size() >= 24) dir = Get64(e.data, 16);
+  }
+  ASSERT_NE(dir, 0u) << "qemu-img wrote no bitmap directory";
+  patch(x, dir);
+  b.Image(x);
+}
+
+// Directory entry fields (qcow2 spec "Bitmap directory").
+constexpr size_t kBitmapTableOffsetAt = 0;
+constexpr size_t kBitmapFlagsAt = 12;
+constexpr size_t kBitmapGranularityAt = 17;
+constexpr size_t kBitmapNameAt = 24;
+
 const std::vector<Case>& Cases() {
   static const std::vector<Case> cases = {
       {"TruncatedHeader", kAll, {"header", "truncat", "short", "small"},
@@ -288,6 +321,48 @@ const std::vector<Case>& Cases() {
          size_t bitmap = L2EntryAt(x, 0) + 8;
          Put64(x, bitmap, Get64(x, bitmap) | (1ull << 32));
          b.Image(x);
+       }},
+      // Persistent bitmaps. A directory that does not decode keeps a writer
+      // out (as qemu refuses the image) and is what check reports; a bad
+      // disabled bitmap is reported by check and left alone by a writer.
+      {"BitmapDirectoryDuplicateNames", kIo | kCheck, {"bitmap"},
+       [](Build& b) {
+         BitmapImage(b, {{"bm0"}, {"bm1"}}, [](Bytes& x, uint64_t dir) {
+           x[dir + 32 + kBitmapNameAt + 2] = '0';  // the second entry is "bm0" too
+         });
+       }},
+      {"BitmapDirectoryPaddingNotZero", kIo | kCheck, {"bitmap", "padding"},
+       [](Build& b) {
+         BitmapImage(b, {{"b"}}, [](Bytes& x, uint64_t dir) { x[dir + kBitmapNameAt + 3] = 0x5a; });
+       }},
+      {"BitmapGranularityHuge", kCheck, {"granularity", "bitmap"},
+       [](Build& b) {
+         BitmapImage(b, {{"--disable", "bm0"}},
+                     [](Bytes& x, uint64_t dir) { x[dir + kBitmapGranularityAt] = 40; });
+       }},
+      {"BitmapTablePastEof", kCheck, {"bitmap", "table", "outside"},
+       [](Build& b) {
+         BitmapImage(b, {{"--disable", "bm0"}}, [](Bytes& x, uint64_t dir) {
+           Put64(x, dir + kBitmapTableOffsetAt, 1ull << 40);
+         });
+       }},
+      // A qemu that crashed with the image open left it in use: listed as
+      // such, never tracked, and the image still opens and checks clean.
+      {"BitmapInUseFromACrashedQemu", 0, {},
+       [](Build& b) {
+         BitmapImage(b, {{"bm0"}}, [](Bytes& x, uint64_t dir) {
+           Put32(x, dir + kBitmapFlagsAt, Get32(x, dir + kBitmapFlagsAt) | 1);
+         });
+       }},
+      {"BitmapsExtensionWithNoBitmaps", kAll, {"bitmap"},
+       [](Build& b) {
+         BitmapImage(b, {{"bm0"}}, [](Bytes& x, uint64_t) {
+           std::vector<Extension> exts = ReadExtensions(x);
+           for (Extension& e : exts) {
+             if (e.type == kExtBitmaps) Put32(e.data, 0, 0);
+           }
+           WriteExtensions(x, exts);
+         });
        }},
   };
   return cases;

@@ -43,6 +43,7 @@ inline constexpr uint64_t kIncompatDataFile = 1ull << 2;
 inline constexpr uint64_t kIncompatCompression = 1ull << 3;
 inline constexpr uint32_t kExtEnd = 0;
 inline constexpr uint32_t kExtFeatureNameTable = 0x6803f857;
+inline constexpr uint32_t kExtBitmaps = 0x23852875;
 
 inline uint32_t Get32(const Bytes& b, size_t at) { return LoadBe32(b.data() + at); }
 inline uint64_t Get64(const Bytes& b, size_t at) { return LoadBe64(b.data() + at); }
