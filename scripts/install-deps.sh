@@ -25,6 +25,8 @@ PACKAGES=(
   ceph-mon ceph-osd ceph-common
   # bench/compare and a test script compute with it
   python3
+  # tests/interop/backup_durable.sh watches a backup's syncs with it
+  strace
   # tests/install: man pages read with man and groff; the installed unit run by
   # systemd-socket-activate and checked by systemd-analyze (no systemd as PID 1 needed)
   man-db groff-base systemd

@@ -22,6 +22,10 @@
 // bitmap as it was. Pause the writers (fsfreeze) for a backup of a live
 // disk.
 #include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -141,7 +145,12 @@ class BackupCommand final : public Subcommand {
     const uint64_t size = source_dev_->size();
     const bool incremental = !previous_.empty();
     if (nbd_) {
-      TD_ASSIGN_OR_RETURN(Json before, ControlCall(control_, {{"execute", "query-bitmaps"}}));
+      // The export (also what the control socket calls it) and its map.
+      TD_ASSIGN_OR_RETURN(auto map, nbdclient::ReadDirtyMap(source_, bitmap_));
+      export_name_ = map.export_name;
+      TD_ASSIGN_OR_RETURN(Json before,
+                          ControlCall(control_, {{"execute", "query-bitmaps"},
+                                                 {"arguments", {{"export", export_name_}}}}));
       for (const auto& b : before) {
         if (b.value("name", "") != bitmap_) continue;
         if (!b.value("tracked", false)) {
@@ -155,8 +164,12 @@ class BackupCommand final : public Subcommand {
         return Status::NotFound("the server's image has no bitmap '" + bitmap_ +
                                 "' (add it before serving: thindisk bitmap --add)");
       }
+      // Read after the generation: a change between the two moves it.
       if (incremental) {
-        TD_ASSIGN_OR_RETURN(auto map, nbdclient::ReadDirtyMap(source_, bitmap_));
+        TD_ASSIGN_OR_RETURN(map, nbdclient::ReadDirtyMap(source_, bitmap_));
+        if (!map.offered) {
+          return Status::NotSupported(nbdclient::NotExportedMessage(source_, bitmap_));
+        }
         for (const auto& d : map.dirty) ranges_.push_back({d.offset, d.length});
       }
     } else {
@@ -223,6 +236,10 @@ class BackupCommand final : public Subcommand {
     TD_RETURN_IF_ERROR(EnsureTargetIsNew());
     TD_RETURN_IF_ERROR(CreateImageFile(target_, plan));
     auto copied = CopyInto();
+    if (copied.has_value()) {
+      Status named = SyncTargetName();
+      if (!named.ok()) copied = named;
+    }
     if (!copied) {
       RemoveCreatedImage(target_);
       return copied.error();
@@ -267,10 +284,25 @@ class BackupCommand final : public Subcommand {
     return stats;
   }
 
+  // The new file's name is durable too (its directory synced), before the
+  // bitmap that it now stands for is reset: a power cut must not leave the
+  // chain without it.
+  Status SyncTargetName() const {
+    if (block::IsUriName(target_)) return Status::Ok();  // a pool's objects: no directory
+    std::filesystem::path dir = std::filesystem::absolute(target_).parent_path();
+    int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return Status::FromErrno(errno, dir.string());
+    Status s = ::fsync(fd) == 0 ? Status::Ok() : Status::FromErrno(errno, dir.string() + ": fsync");
+    ::close(fd);
+    return s;
+  }
+
   Status ResetBitmap() {
     if (nbd_) {
       return ControlCall(control_, {{"execute", "clear-bitmap"},
-                                    {"arguments", {{"name", bitmap_}, {"generation", *generation_}}}})
+                                    {"arguments", {{"export", export_name_},
+                                                   {"name", bitmap_},
+                                                   {"generation", *generation_}}}})
           .status();
     }
     auto& image = static_cast<qcow2::Image&>(*source_dev_);
@@ -313,6 +345,7 @@ class BackupCommand final : public Subcommand {
   std::unique_ptr<block::Device> source_dev_;
   std::vector<ByteRange> ranges_;
   std::optional<uint64_t> generation_;  // NBD: the bitmap's before the copy
+  std::string export_name_;             // NBD: the export SOURCE names
   bool have_bitmap_ = false;            // local: the bitmap exists already
   std::string previous_format_;
 };

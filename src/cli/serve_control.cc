@@ -42,8 +42,10 @@ Status WriteLine(int fd, const std::string& line) {
 }
 
 // Reads one line (without its newline) from `fd`, keeping what follows it
-// in `pending`; kNotFound at end of input.
-Status ReadLine(int fd, std::string& pending, std::string* line, int timeout_ms) {
+// in `pending`; kNotFound at end of input or once `stop_fd` (if >= 0) is
+// readable: a server that stops does not wait for an idle client.
+Status ReadLine(int fd, std::string& pending, std::string* line, int timeout_ms,
+                int stop_fd = -1) {
   for (;;) {
     size_t nl = pending.find('\n');
     if (nl != std::string::npos) {
@@ -52,11 +54,12 @@ Status ReadLine(int fd, std::string& pending, std::string* line, int timeout_ms)
       return Status::Ok();
     }
     if (pending.size() > kMaxLine) return Status::InvalidArgument("control request too long");
-    pollfd p{fd, POLLIN, 0};
-    int r = ::poll(&p, 1, timeout_ms);
+    pollfd p[2] = {{fd, POLLIN, 0}, {stop_fd, POLLIN, 0}};
+    int r = ::poll(p, stop_fd >= 0 ? 2 : 1, timeout_ms);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) return Status::FromErrno(errno, "control socket");
     if (r == 0) return Status(Code::kIoError, "control socket: no answer in time");
+    if (stop_fd >= 0 && (p[1].revents & POLLIN)) return Status::NotFound("the server stops");
     char buf[4096];
     ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
@@ -138,7 +141,7 @@ void ControlServer::Loop() {
 
 void ControlServer::Serve(int fd) const {
   std::string pending, line;
-  while (ReadLine(fd, pending, &line, kIdleMs).ok()) {
+  while (ReadLine(fd, pending, &line, kIdleMs, stop_fd_).ok()) {
     Json answer;
     Json request = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     answer = request.is_discarded() ? Error("GenericError", "the request is not JSON")

@@ -2,6 +2,7 @@
 
 #include <libnbd.h>
 
+#include <cstdlib>
 #include <memory>
 
 #include "nbdclient/connection.h"
@@ -51,15 +52,16 @@ Result<DirtyMap> ReadDirtyMap(const std::string& uri, const std::string& bitmap)
       nbd_connect_uri(h.get(), uri.c_str()) == -1) {
     return LibnbdError(uri);
   }
-  if (nbd_can_meta_context(h.get(), context.c_str()) != 1) {
-    return Status::NotSupported(uri + " does not export bitmap '" + bitmap +
-                                "' (thindisk serve and qemu-nbd export one with -B " + bitmap +
-                                ")");
-  }
   const int64_t size = nbd_get_size(h.get());
   if (size < 0) return LibnbdError(uri);
   DirtyMap map;
   map.export_size = uint64_t(size);
+  if (char* name = nbd_get_export_name(h.get())) {
+    map.export_name = name;
+    free(name);
+  }
+  map.offered = nbd_can_meta_context(h.get(), context.c_str()) == 1;
+  if (!map.offered) return map;
   for (uint64_t pos = 0; pos < map.export_size;) {
     Collector c{&context, pos, &map};
     const uint64_t want = std::min(kMaxQuery, map.export_size - pos);
@@ -79,6 +81,11 @@ Result<DirtyMap> ReadDirtyMap(const std::string& uri, const std::string& bitmap)
   }
   (void)nbd_shutdown(h.get(), 0);
   return map;
+}
+
+std::string NotExportedMessage(const std::string& uri, const std::string& bitmap) {
+  return uri + " does not export bitmap '" + bitmap +
+         "' (thindisk serve and qemu-nbd export one with -B " + bitmap + ")";
 }
 
 }  // namespace thindisk::nbdclient

@@ -3,10 +3,10 @@
 // thindisk serve -B; docs/interop/nbd.rst in QEMU), through libnbd's block
 // status, as a backup reads them to copy only what changed.
 //
-// Errors name the URI: the server not reachable, the context not offered
-// ("... does not export bitmap NAME: serve it with -B NAME"), a reply that
-// does not cover the export. Thread safety: stateless (one libnbd handle
-// per call).
+// A server that does not offer the context is no error: `offered` says so
+// (and `dirty` stays empty); NotExportedMessage says it to a user. Errors
+// name the URI: the server not reachable, a reply that does not cover the
+// export. Thread safety: stateless (one libnbd handle per call).
 #pragma once
 
 #include <cstdint>
@@ -23,10 +23,13 @@ struct DirtyRange {
 };
 
 struct DirtyMap {
+  std::string export_name;  // as the URI names it ("" for the default export)
   uint64_t export_size = 0;
+  bool offered = false;           // the server exports the bitmap's context
   std::vector<DirtyRange> dirty;  // ascending, merged
 };
 
 Result<DirtyMap> ReadDirtyMap(const std::string& uri, const std::string& bitmap);
+std::string NotExportedMessage(const std::string& uri, const std::string& bitmap);
 
 }  // namespace thindisk::nbdclient

@@ -69,6 +69,7 @@ bool BitmapTracker::RunAt(const std::string& name, uint64_t bit, bool* dirty,
 }
 
 void BitmapTracker::Done() {
+  in_flight_.fetch_sub(1);
   if (tracked_.load() == 0) return;
   std::lock_guard lock(mu_);
   for (State& s : bitmaps_) ++s.generation;
@@ -89,6 +90,9 @@ Status BitmapTracker::ClearExact(const std::string& name, const uint64_t* if_gen
   std::lock_guard lock(mu_);
   for (State& s : bitmaps_) {
     if (s.b.name != name) continue;
+    if (const uint64_t n = in_flight_.load(); n != 0) {
+      return Status::Busy(std::to_string(n) + " change(s) of the disk are in flight");
+    }
     if (if_generation && *if_generation != s.generation) {
       return Status::Busy("bitmap '" + name + "' tracked " +
                           std::to_string(s.generation - *if_generation) +
@@ -139,6 +143,15 @@ bool BitmapTracker::AllDurable(const std::vector<RegionRef>& regions) const {
 }
 
 Status BitmapTracker::Mark(uint64_t offset, uint64_t length) {
+  // Counted before anything is looked at, so a bitmap added meanwhile
+  // cannot be cleared under this change (the Done that follows uncounts).
+  in_flight_.fetch_add(1);
+  Status s = MarkCounted(offset, length);
+  if (!s.ok()) in_flight_.fetch_sub(1);
+  return s;
+}
+
+Status BitmapTracker::MarkCounted(uint64_t offset, uint64_t length) {
   if (length == 0 || tracked_.load() == 0) return Status::Ok();
   std::unique_lock lock(mu_);
   if (bitmaps_.empty()) return Status::Ok();

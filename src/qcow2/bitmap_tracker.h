@@ -91,7 +91,8 @@ class BitmapTracker {
   bool RunAt(const std::string& name, uint64_t bit, bool* dirty, uint64_t* bits) const;
   // After a change that Mark announced has completed (or failed): counted
   // in every generation again, so a change in flight while a backup read
-  // the disk moves the generation whenever it ends.
+  // the disk moves the generation whenever it ends. Every successful Mark
+  // is followed by exactly one Done (a failed Mark needs none).
   void Done();
   // How many changes bitmap `name` has tracked since it was first tracked
   // here: a backup reads it before it copies and clears only if it has not
@@ -99,9 +100,11 @@ class BitmapTracker {
   bool Generation(const std::string& name, uint64_t* generation) const;
   // Clears the exact bits of `name` in memory, safely beside Mark: its copy
   // on disk keeps what it has (a superset is always allowed) until a
-  // write-back. With `if_generation`, only when no change was tracked since
-  // that generation (kBusy otherwise: the disk changed while it was being
-  // backed up). kNotFound when `name` is not tracked.
+  // write-back. kBusy while any change is in flight (between its Mark and
+  // its Done: its data may land after a backup read the range, so its bit
+  // must stay), and, with `if_generation`, when a change was tracked since
+  // that generation (the disk changed while it was being backed up).
+  // kNotFound when `name` is not tracked.
   Status ClearExact(const std::string& name, const uint64_t* if_generation);
   // The exact bits of a tracked bitmap (nullptr when not tracked); the
   // caller may change them (clear, merge) and then calls WriteBack.
@@ -124,6 +127,8 @@ class BitmapTracker {
     uint64_t region;
   };
 
+  // Mark, once the change is counted in flight.
+  Status MarkCounted(uint64_t offset, uint64_t length);
   // The regions of [offset, offset + length) not yet durable. REQUIRES mu_.
   std::vector<RegionRef> Missing(uint64_t offset, uint64_t length) const;
   bool AllDurable(const std::vector<RegionRef>& regions) const;  // REQUIRES mu_
@@ -154,6 +159,8 @@ class BitmapTracker {
   // bitmaps_.size(), readable without mu_: requests on an image that
   // tracks nothing pay no lock.
   std::atomic<size_t> tracked_{0};
+  // Changes between their Mark and their Done, whatever is tracked.
+  std::atomic<uint64_t> in_flight_{0};
 };
 
 }  // namespace thindisk::qcow2

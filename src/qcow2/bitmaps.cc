@@ -71,7 +71,7 @@ Result<size_t> BitmapEditor::FindLocked(const std::string& name) const {
 }
 
 std::string BitmapEditor::ProblemLocked(const BitmapDirectoryEntry& e) const {
-  if (e.in_use()) return "in use: not saved correctly (inconsistent)";
+  if (e.in_use()) return "in use (not saved correctly)";
   Result<uint64_t> file_size = img_.storage_->Size();
   uint64_t end = file_size.has_value() ? *file_size : 0;
   if (img_.allocator_) end = std::max(end, img_.allocator_->host_end());

@@ -148,8 +148,7 @@ if nbdinfo --size "nbd://localhost:$port/" >/dev/null 2>&1; then
   fail "the activated server serves plaintext clients"
 fi
 log "socket activation: qemu-io (X.509)"
-qio_tcp="driver=nbd,server.type=inet,server.host=127.0.0.1,server.port=$port,tls-creds=tls0,tls-hostname=localhost"
-qemu-io --object "$(qemu_x509 "$PKI/alice")" --image-opts "$qio_tcp" \
+qemu-io --object "$(qemu_x509 "$PKI/alice")" --image-opts "$(qemu_nbd_tcp_opts "$port")" \
   -c 'write -P 0x3e 32M 1M' -c 'read -P 0x3e 32M 1M' >qio.out || fail "qemu-io (socket activation): $(cat qio.out)"
 if [[ $TD != false ]]; then
   # thindisk's benchmark client over TLS: W2 writes 8 MiB in 4 KiB

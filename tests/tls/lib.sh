@@ -154,6 +154,8 @@ psk_uri() { echo "nbds+unix://$2@/?socket=$1&tls-psk-file=$3"; }
 qemu_x509() { echo "tls-creds-x509,id=tls0,dir=$1,endpoint=client"; }
 qemu_psk() { echo "tls-creds-psk,id=tls0,dir=$1,endpoint=client,username=$2"; }
 qemu_nbd_opts() { echo "driver=nbd,server.type=unix,server.path=$1,tls-creds=tls0,tls-hostname=localhost"; }
+# qemu_nbd_tcp_opts PORT: the same for an export on 127.0.0.1:PORT.
+qemu_nbd_tcp_opts() { echo "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port=$1,tls-creds=tls0,tls-hostname=localhost"; }
 
 # start_tls_server KIND SOCKET IMAGE CREDS [ARGS...]: a TLS server of KIND
 # (thindisk, qemu-nbd or nbdkit) serving IMAGE (qcow2 when it ends in

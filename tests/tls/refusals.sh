@@ -93,7 +93,7 @@ if try_start_tls_server "$TLS_SERVER" "tcp:$port" "$img" "$PKI/expired"; then
   refused "nbds://localhost:$port/?tls-certificates=$PKI/alice" "nbdinfo against an expired server certificate"
   grep -qi certificate <<<"$REFUSAL" || fail "the refusal does not blame the certificate: $REFUSAL"
   if qemu-io --object "$(qemu_x509 "$PKI/alice")" --image-opts \
-    "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port=$port,tls-creds=tls0,tls-hostname=localhost" \
+    "$(qemu_nbd_tcp_opts "$port")" \
     -c 'read 0 512' >qio.out 2>&1; then
     fail "qemu-io read from a server with an expired certificate: $(head -3 qio.out)"
   fi
