@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -36,6 +37,7 @@
 #include "cli/common.h"
 #include "cli/image_create.h"
 #include "cli/serve_control.h"
+#include "cli/writeback.h"
 #include "nbdclient/dirty_map.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/bitmaps.h"
@@ -273,14 +275,24 @@ class BackupCommand final : public Subcommand {
     o.format = "qcow2";
     TD_ASSIGN_OR_RETURN(auto dst, block::Open(target_, o));
     Progress progress(progress_);
+    // The copy's output goes back to the disk as it is written, so the
+    // final sync has little left (as convert's, cli/writeback.h).
+    BackgroundWriteback writeback(target_);
     CopyRangesOptions co;
     co.zeroes_as_writes = !previous_.empty();
     co.progress = &progress;
+    co.wrote = [&writeback](uint64_t bytes) { writeback.Wrote(bytes); };
+    const auto t0 = std::chrono::steady_clock::now();
     auto stats = CopyRanges(*source_dev_, *dst, ranges_, co);
+    const auto t1 = std::chrono::steady_clock::now();
+    Status written_back = writeback.Finish();
+    if (stats.has_value() && !written_back.ok()) stats = written_back;
     Status flushed = stats ? dst->Flush() : stats.status();
     Status closed = dst->Close();
     if (!flushed.ok()) return flushed;
     if (!closed.ok()) return closed;
+    copy_seconds_ = std::chrono::duration<double>(t1 - t0).count();
+    sync_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
     return stats;
   }
 
@@ -326,7 +338,8 @@ class BackupCommand final : public Subcommand {
       Json j{{"source", source_},     {"target", target_},
              {"mode", incremental ? "incremental" : "full"},
              {"bitmap", bitmap_},     {"bytes", s.bytes},
-             {"data-written", s.data_written}, {"zeroes", s.zeroes}};
+             {"data-written", s.data_written}, {"zeroes", s.zeroes},
+             {"copy-seconds", copy_seconds_}, {"sync-seconds", sync_seconds_}};
       if (incremental) j["backing"] = previous_;
       std::cout << j.dump(4) << "\n";
       return;
@@ -346,6 +359,8 @@ class BackupCommand final : public Subcommand {
   std::vector<ByteRange> ranges_;
   std::optional<uint64_t> generation_;  // NBD: the bitmap's before the copy
   std::string export_name_;             // NBD: the export SOURCE names
+  double copy_seconds_ = 0;             // the copy, and the target's sync and close
+  double sync_seconds_ = 0;
   bool have_bitmap_ = false;            // local: the bitmap exists already
   std::string previous_format_;
 };

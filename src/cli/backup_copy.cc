@@ -92,8 +92,13 @@ Result<CopyRangesStats> CopyRanges(block::Device& src, block::Device& dst,
     ByteRange c;
     while (queue.Next(&c)) {
       buf.resize(c.length);
+      const uint64_t written_before = mine.data_written;
       Status s = src.Read(c.offset, buf);
       if (s.ok()) s = WriteChunk(dst, c.offset, buf, options.zeroes_as_writes, &mine);
+      if (s.ok() && options.wrote && mine.data_written != written_before) {
+        std::lock_guard lock(mu);
+        options.wrote(mine.data_written - written_before);
+      }
       if (!s.ok()) {
         queue.Stop();
         std::lock_guard lock(mu);

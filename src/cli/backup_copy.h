@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "block/device.h"
@@ -31,8 +32,11 @@ struct ByteRange {
 
 struct CopyRangesOptions {
   bool zeroes_as_writes = false;  // write zero runs (over a backing file) instead of skipping
-  size_t workers = 8;
+  size_t workers = 16;
   Progress* progress = nullptr;   // told bytes done of the ranges' total
+  // Told the data bytes each chunk wrote (one call at a time): a target's
+  // BackgroundWriteback, so the copy's output is written back as it goes.
+  std::function<void(uint64_t)> wrote;
 };
 
 struct CopyRangesStats {
