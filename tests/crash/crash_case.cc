@@ -104,7 +104,8 @@ std::string CheckSummary(const qcow2::CheckReport& r) {
 // directory and runs `qemu-img check`; "" when it exits 0 (clean) or 3
 // (leaks only).
 std::string QemuImgCheck(const std::string& qemu_img, MemoryStorage& image,
-                         const std::vector<uint8_t>& backing) {
+                         const std::vector<uint8_t>& backing,
+                         const std::vector<BitmapSpec>& bitmaps) {
   char tmpl[] = "/tmp/thindisk-crash-XXXXXX";
   if (!mkdtemp(tmpl)) return "mkdtemp failed";
   std::filesystem::path dir(tmpl);
@@ -125,6 +126,16 @@ std::string QemuImgCheck(const std::string& qemu_img, MemoryStorage& image,
       std::ifstream f(dir / "out");
       std::string out((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
       result = "qemu-img check exited " + std::to_string(code) + ":\n" + out.substr(0, 2000);
+    } else if (!bitmaps.empty()) {
+      // qemu lists each bitmap, none in use: qemu-nbd -B would export it.
+      cmd = qemu_img + " info --output=json -f qcow2 '" + (dir / "img.qcow2").string() +
+            "' >'" + (dir / "out").string() + "' 2>&1";
+      rc = system(cmd.c_str());
+      std::ifstream f(dir / "out");
+      std::string out((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      bool ok = WIFEXITED(rc) && WEXITSTATUS(rc) == 0 && out.find("in-use") == std::string::npos;
+      for (const BitmapSpec& b : bitmaps) ok = ok && out.find("\"" + b.name + "\"") != std::string::npos;
+      if (!ok) result = "qemu-img info does not list the bitmaps consistent:\n" + out.substr(0, 2000);
     }
   }
   std::error_code ec;
@@ -171,7 +182,8 @@ void Case::Verify(const std::string& label, std::unique_ptr<MemoryStorage> state
   }
   if (!options_.qemu_img.empty()) {
     result_.qemu_img_checked = true;
-    std::string q = QemuImgCheck(options_.qemu_img, *state, backing_);
+    std::string q = QemuImgCheck(options_.qemu_img, *state, backing_,
+                                 BitmapsFor(spec_.workload_seed));
     if (!q.empty()) return Fail(label, q);
   }
   // (b) + (c): the content, read through a read-only open.

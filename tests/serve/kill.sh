@@ -10,7 +10,12 @@
 #   (c) read back every write acknowledged before a completed flush (or with
 #       FUA) unless a later write covered it, and
 #   (d) hold no byte that was never written there (zeros, backing data or a
-#       value some write put in that very byte).
+#       value some write put in that very byte), and
+#   (e) on the images that have persistent bitmaps (the default and the
+#       standard layouts: two enabled bitmaps each, added when the image was
+#       empty), qemu-img info lists them consistent (not in use) and
+#       qemu-nbd -B exports each with every byte that holds data inside a
+#       dirty granule: a kill never costs a bitmap, as it would qemu's.
 # Rounds run on a fresh default-layout image, on qemu's default layout, on a
 # compressed image and on a clone of a backing file, with server options
 # (--aio=io_uring, which runs on threads; O_DIRECT, a small metadata cache,
@@ -21,7 +26,7 @@
 # THINDISK_SEED=N reproduces a run (the kill moments are timing-dependent,
 # the requests are not); THINDISK_KILLS=N sets the number of kills (50).
 source "$(dirname "$0")/lib.sh"
-require_tool qemu-img
+require_tool qemu-img qemu-nbd nbdinfo python3
 require_client CRASH_CLIENT
 
 random_seed
@@ -59,6 +64,61 @@ checks() {
   wait $qpid || qrc=$?
   [[ $rc == 0 || $rc == 3 ]] || { cat tcheck.out >&2; fail "thindisk check $img exited $rc"; }
   [[ $qrc == 0 || $qrc == 3 ]] || { cat qcheck.out >&2; fail "qemu-img check $img exited $qrc"; }
+}
+
+# bitmap_checks IMAGE: (e), when IMAGE has bitmaps (BITMAPS names them).
+BITMAPS=(bm64k bm4k)
+bitmap_checks() {
+  local img=$1 b
+  qemu-img info --output=json -f qcow2 "$img" >qinfo.json 2>qinfo.err ||
+    { cat qinfo.err >&2; fail "qemu-img info $img after round $ROUND"; }
+  python3 - qinfo.json "${BITMAPS[@]}" <<'PY' || fail "(e) bitmaps of $img after round $ROUND"
+import json, sys
+info = json.load(open(sys.argv[1]))
+got = {b["name"]: b["flags"] for b in info["format-specific"]["data"].get("bitmaps", [])}
+for name in sys.argv[2:]:
+    if got.get(name) != ["auto"]:
+        sys.exit(f"bitmap {name}: flags {got.get(name)} (want ['auto']): {got}")
+PY
+  qemu-img map --output=json -f qcow2 "$img" >qmap.json
+  spawn qn-$ROUND qemu-nbd -t -k "$PWD/qn.sock" -r -f qcow2 "${BITMAPS[@]/#/-B}" "$img"
+  for ((b = 0; b < 200; b++)); do
+    [[ -S qn.sock ]] && break
+    kill -0 "$SERVER_PID" 2>/dev/null || fail "(e) qemu-nbd -B refuses $img after round $ROUND: $(cat qn-$ROUND.err)"
+    sleep 0.05
+  done
+  [[ -S qn.sock ]] || fail "(e) qemu-nbd -B: no socket after 10 s"
+  for b in "${BITMAPS[@]}"; do
+    nbdinfo --json --map="qemu:dirty-bitmap:$b" "$(uri qn.sock)" >"dirty-$b.json" ||
+      fail "nbdinfo --map of bitmap $b of $img after round $ROUND"
+  done
+  kill_server "$SERVER_PID"
+  rm -f qn.sock
+  # The image was empty when the bitmaps were added: what holds data now
+  # and lies in no dirty granule must still read as zeros (a standard-L2
+  # cluster is data as a whole though a write touched part of it).
+  python3 - qmap.json "${BITMAPS[@]/#/dirty-}" >uncovered.txt <<'PY'
+import json, sys
+data = [(e["start"], e["start"] + e["length"]) for e in json.load(open(sys.argv[1]))
+        if e.get("data")]
+for name in sys.argv[2:]:
+    dirty = sorted((e["offset"], e["offset"] + e["length"])
+                   for e in json.load(open(name + ".json")) if e["type"] & 1)
+    for a, b in data:
+        pos = a
+        for d0, d1 in dirty:
+            if d1 <= pos or d0 >= b: continue
+            if d0 > pos: print(pos, d0 - pos, name)
+            pos = max(pos, d1)
+        if pos < b: print(pos, b - pos, name)
+PY
+  local reads=() off len name
+  while read -r off len name; do reads+=(-c "read -P 0 $off $len"); done <uncovered.txt
+  ((${#reads[@]} == 0)) && return 0
+  qemu-io -r -f qcow2 "${reads[@]}" "$img" >qio.out 2>&1 || true
+  if grep -q -i "fail\|error" qio.out; then
+    fail "(e) a bitmap of $img misses a change (round $ROUND, seed $SEED): $(grep -i -m1 'fail\|error' qio.out); uncovered: $(head -3 uncovered.txt)"
+  fi
 }
 
 # verify SOCKET LOG: (c) and (d) through the running server.
@@ -127,6 +187,7 @@ rounds() {
       esac
     done
     checks "$img"
+    [[ $img == disk.qcow2 || $img == std.qcow2 ]] && bitmap_checks "$img"
     echo "round $ROUND: killed after ${ms}ms, ${#cpids[@]} client(s), qd $qd, options '$opts'," \
       "$(grep -c '^A' "$hlog") acks so far"
   done
@@ -165,12 +226,16 @@ stop_server "$SERVER_PID" base
 STD_KILLS=$((KILLS * 7 / 50)) COMP_KILLS=$((KILLS * 6 / 50)) CLONE_KILLS=$((KILLS / 4))
 log "default layout: $((KILLS - STD_KILLS - COMP_KILLS - CLONE_KILLS)) kills"
 "$TD" create -q disk.qcow2 $SIZE
+"$TD" bitmap --add disk.qcow2 bm64k
+"$TD" bitmap --add -g 4k disk.qcow2 bm4k
 : >disk.log
 rounds disk.qcow2 disk.log $((KILLS - STD_KILLS - COMP_KILLS - CLONE_KILLS))
 finish disk.qcow2 disk.log
 
 log "64 KiB clusters, standard L2: $STD_KILLS kills"
 "$TD" create -q -o cluster_size=65536,extended_l2=off std.qcow2 $SIZE
+qemu-img bitmap --add std.qcow2 bm64k  # qemu's bitmaps, kept by thindisk
+qemu-img bitmap --add -g 4k std.qcow2 bm4k
 : >std.log
 rounds std.qcow2 std.log $STD_KILLS
 finish std.qcow2 std.log
