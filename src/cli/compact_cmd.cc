@@ -17,7 +17,8 @@ constexpr const char* kCompactHelp =
     "thindisk serve/io take no lock yet: do not compact an image they serve.\n"
     "The file is rewritten with metadata first and data in guest order, without\n"
     "leaked, freed or zero clusters; header extensions, the backing file name\n"
-    "and internal snapshots are kept. Persistent dirty bitmaps are refused.\n"
+    "and internal snapshots are kept, and so are persistent dirty bitmaps (names,\n"
+    "granularity, enabled or not, bits); an inconsistent bitmap is refused.\n"
     "Crash safe: the new image is built, checked and synced in a temporary file\n"
     "beside FILE, then renamed over it and the directory is synced, so FILE is\n"
     "always either the old or the new image. Needs free space for the copy.";

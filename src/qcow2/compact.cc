@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "io/qemu_lock.h"
+#include "qcow2/bitmaps.h"
 #include "qcow2/check.h"
 #include "qcow2/format.h"
 #include "util/endian.h"
@@ -34,8 +35,9 @@ struct DataRef {
 
 class Compactor {
  public:
-  Compactor(io::Storage& src, io::Storage& dst, const CompactProgress& progress)
-      : src_(src), dst_(dst), progress_(progress) {}
+  Compactor(io::Storage& src, io::Storage& dst, const CompactProgress& progress,
+            bool drop_bitmaps)
+      : src_(src), dst_(dst), progress_(progress), drop_bitmaps_(drop_bitmaps) {}
 
   Result<CompactStats> Run() {
     TD_RETURN_IF_ERROR(Load());
@@ -61,10 +63,10 @@ class Compactor {
     if (h_.incompatible_features & kIncompatCorrupt) {
       return Status::Corrupt("image is marked corrupt; repair it (check -r all) first");
     }
-    if (h_.bitmaps) {
+    if (h_.bitmaps && !drop_bitmaps_) {
       return Status::NotSupported(
-          "image has persistent dirty bitmaps, which compact cannot relocate yet; remove them "
-          "(qemu-img bitmap --remove) first");
+          "image has persistent dirty bitmaps, which a rewrite would drop (CompactFile carries "
+          "them over)");
     }
     auto report = Check(src_, RepairMode::kNone);
     if (!report) return report.error();
@@ -339,6 +341,7 @@ class Compactor {
     h.snapshots_offset = snapshots_.empty() ? 0 : snap_start_ * cs_;
     h.incompatible_features &= ~kIncompatDirty;
     h.autoclear_features &= ~kAutoclearBitmaps;
+    h.bitmaps.reset();  // dropped on request: the caller adds them back
     std::erase_if(h.unknown_extensions, [](const RawExtension& e) { return e.type == kExtBitmaps; });
     TD_ASSIGN_OR_RETURN(auto header, EncodeHeader(h));
     return dst_.WriteAt(0, header);
@@ -347,6 +350,7 @@ class Compactor {
   io::Storage& src_;
   io::Storage& dst_;
   const CompactProgress& progress_;
+  const bool drop_bitmaps_;
   CompactStats stats_;
   Header h_;
   uint64_t cs_ = 0;
@@ -372,10 +376,10 @@ class Compactor {
 }  // namespace
 
 Result<CompactStats> CompactImage(io::Storage& src, io::Storage& dst,
-                                  const CompactProgress& progress) {
+                                  const CompactProgress& progress, bool drop_bitmaps) {
   TD_ASSIGN_OR_RETURN(uint64_t dst_size, dst.Size());
   if (dst_size != 0) return Status::InvalidArgument(dst.name() + ": target is not empty");
-  Compactor c(src, dst, progress);
+  Compactor c(src, dst, progress, drop_bitmaps);
   auto r = c.Run();
   if (!r) return r.error().WithContext(src.name());
   return r;
@@ -402,14 +406,72 @@ std::string BaseOf(const std::string& path) {
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+// A bitmap as CompactFile carries it over.
+struct SavedBitmap {
+  BitmapInfo info;
+  BitVector bits;
+};
+
+// The bitmaps of the image at `path`, bits included; kNotSupported naming
+// an inconsistent one (it cannot be carried over, and is not dropped
+// silently).
+Result<std::vector<SavedBitmap>> SaveBitmaps(const std::string& path) {
+  io::OpenOptions ro;
+  ro.read_only = true;
+  TD_ASSIGN_OR_RETURN(auto storage, io::OpenFile(path, ro));
+  OpenOptions o;
+  o.read_only = true;
+  o.no_backing = true;
+  TD_ASSIGN_OR_RETURN(auto image, Image::Open(std::move(storage), o));
+  TD_ASSIGN_OR_RETURN(std::vector<BitmapInfo> list, ListBitmaps(*image));
+  std::vector<SavedBitmap> saved;
+  for (const BitmapInfo& b : list) {
+    if (!b.consistent()) {
+      return Status::NotSupported("bitmap '" + b.name + "' is inconsistent (" + b.problem +
+                                  "): remove it before compacting");
+    }
+    TD_ASSIGN_OR_RETURN(BitVector bits, ReadBitmap(*image, b.name));
+    saved.push_back({b, std::move(bits)});
+  }
+  TD_RETURN_IF_ERROR(image->Close());
+  return saved;
+}
+
+// Adds `saved` to the image at `path`, as they were.
+Status RestoreBitmaps(const std::string& path, const std::vector<SavedBitmap>& saved) {
+  TD_ASSIGN_OR_RETURN(auto storage, io::OpenFile(path, io::OpenOptions{}));
+  OpenOptions o;
+  o.no_backing = true;
+  TD_ASSIGN_OR_RETURN(auto image, Image::Open(std::move(storage), o));
+  Status s;
+  for (const SavedBitmap& b : saved) {
+    s = AddBitmap(*image, {b.info.name, b.info.granularity_bits, false});
+    if (s.ok() && b.bits.NextSet(0) < b.bits.size()) {
+      s = MergeIntoBitmap(*image, b.info.name, b.bits, b.info.granularity_bits);
+    }
+    if (s.ok() && b.info.enabled) s = SetBitmapEnabled(*image, b.info.name, true);
+    if (!s.ok()) break;
+  }
+  Status closed = image->Close();
+  if (!s.ok()) return s.WithContext("carrying bitmap over");
+  return closed;
+}
+
 Result<CompactStats> BuildTemp(const std::string& path, const std::string& temp,
                                const CompactFileOptions& options, mode_t mode) {
+  TD_ASSIGN_OR_RETURN(std::vector<SavedBitmap> bitmaps, SaveBitmaps(path));
   io::OpenOptions ro;
   ro.read_only = true;
   TD_ASSIGN_OR_RETURN(auto src, io::OpenFile(path, ro));
   io::OpenOptions rw;
   TD_ASSIGN_OR_RETURN(auto dst, io::OpenFile(temp, rw));
-  TD_ASSIGN_OR_RETURN(CompactStats stats, CompactImage(*src, *dst, options.progress));
+  TD_ASSIGN_OR_RETURN(CompactStats stats,
+                      CompactImage(*src, *dst, options.progress, !bitmaps.empty()));
+  if (!bitmaps.empty()) {
+    TD_RETURN_IF_ERROR(dst->Flush());
+    TD_RETURN_IF_ERROR(RestoreBitmaps(temp, bitmaps));
+    TD_ASSIGN_OR_RETURN(stats.new_file_size, dst->Size());
+  }
   if (options.on_step) options.on_step(CompactStep::kTempWritten);
   // The new image must be complete and consistent before it may replace
   // the old one.

@@ -11,10 +11,15 @@
 // preallocated space and host space of clusters with no allocated
 // subcluster are dropped; all-zero 4 KiB blocks of data are left as holes.
 //
-// Refused (kNotSupported, with the reason): persistent dirty bitmaps (their
-// tables name host offsets this rewrite would invalidate); images the codec
-// refuses (encryption, external data file). kCorrupt when the image is
-// marked corrupt or `check` finds corruptions (repair it first).
+// Persistent dirty bitmaps: CompactImage refuses them (their tables name
+// host offsets this rewrite invalidates) unless told to leave them out;
+// CompactFile carries them over: it reads each (name, granularity, enabled
+// or not, bits) before the rewrite and adds it to the new image before that
+// is checked and made durable, so the new image at the path always has
+// them; an inconsistent bitmap (in use, damaged) is refused with its name.
+// Also refused (kNotSupported, with the reason): images the codec refuses
+// (encryption, external data file). kCorrupt when the image is marked
+// corrupt or `check` finds corruptions (repair it first).
 //
 // Crash safety (CompactFile): the new image is built in a temporary file
 // beside the original, checked, made durable, renamed over the original,
@@ -47,9 +52,11 @@ struct CompactStats {
 using CompactProgress = std::function<void(uint64_t done, uint64_t total)>;
 
 // Writes a compacted copy of the qcow2 image on `src` onto `dst`, which
-// must be empty. Does not flush `dst`. `src` is only read.
+// must be empty. Does not flush `dst`. `src` is only read. With
+// `drop_bitmaps`, the copy has no bitmaps (the caller adds them back).
 Result<CompactStats> CompactImage(io::Storage& src, io::Storage& dst,
-                                  const CompactProgress& progress = nullptr);
+                                  const CompactProgress& progress = nullptr,
+                                  bool drop_bitmaps = false);
 
 // The steps of CompactFile, for crash tests (a hook may kill the process).
 enum class CompactStep {

@@ -12,6 +12,7 @@
 
 #include <filesystem>
 
+#include "qcow2/bitmaps.h"
 #include "qcow2/check.h"
 #include "qcow2/image_test_util.h"
 #include "util/temp_dir_test_util.h"
@@ -204,6 +205,84 @@ TEST(CompactFileTest, CompactsInPlaceAndRefusesALockedImage) {
   for (const auto& e : std::filesystem::directory_iterator(dir.path())) {
     EXPECT_EQ(e.path().filename(), "disk.qcow2") << "left behind: " << e.path();
   }
+}
+
+// Bitmaps come through a compaction as they were: names, granularity,
+// enabled or not, bits; the enabled one keeps tracking afterwards. An
+// inconsistent one is refused and the image left alone.
+TEST(CompactFileTest, CarriesBitmapsOverAndRefusesAnInconsistentOne) {
+  TempDir dir("/tmp", "thindisk-compact");
+  const std::string path = dir.path() + "/disk.qcow2";
+  auto model = MakeImageFile(path);
+  auto open_rw = [&] {
+    auto s = io::OpenFile(path, io::OpenOptions{});
+    EXPECT_TRUE(s.has_value());
+    auto img = Image::Open(std::move(*s), {});
+    EXPECT_TRUE(img.has_value()) << img.status().ToString();
+    return std::move(*img);
+  };
+  BitVector want_on, want_off;
+  {
+    auto img = open_rw();
+    ASSERT_TRUE(AddBitmap(*img, {"on", 16, true}).ok());
+    ASSERT_TRUE(AddBitmap(*img, {"off", 12, true}).ok());
+    std::vector<uint8_t> buf(70000, 0x5a);
+    ASSERT_TRUE(img->Write(123456, buf, {}).ok());
+    ASSERT_TRUE(img->Write(3 << 20, buf, {}).ok());
+    ASSERT_TRUE(SetBitmapEnabled(*img, "off", false).ok());
+    for (size_t i = 0; i < buf.size(); ++i) model[123456 + i] = model[(3 << 20) + i] = 0x5a;
+    want_on = *ReadBitmap(*img, "on");
+    want_off = *ReadBitmap(*img, "off");
+    ASSERT_TRUE(img->Close().ok());
+  }
+  auto r = CompactFile(path, {});
+  ASSERT_TRUE(r.has_value()) << r.error().ToString();
+  EXPECT_EQ(ReadAll(OpenRo(path)), model);
+  {
+    auto img = open_rw();
+    auto list = ListBitmaps(*img);
+    ASSERT_TRUE(list.has_value());
+    ASSERT_EQ(list->size(), 2u);
+    EXPECT_EQ((*list)[0].name, "on");
+    EXPECT_TRUE((*list)[0].enabled);
+    EXPECT_EQ((*list)[1].name, "off");
+    EXPECT_FALSE((*list)[1].enabled);
+    EXPECT_EQ((*list)[1].granularity_bits, 12u);
+    EXPECT_EQ(*ReadBitmap(*img, "on"), want_on);
+    EXPECT_EQ(*ReadBitmap(*img, "off"), want_off);
+    ASSERT_TRUE(img->Write(7 << 20, std::vector<uint8_t>(10, 1), {}).ok());
+    EXPECT_TRUE(ReadBitmap(*img, "on")->Test((7 << 20) >> 16));
+    ASSERT_TRUE(img->Close().ok());
+  }
+  ExpectClean(*OpenRo(path));
+  // Mark "off" in use, as a crashed qemu leaves it: refused, image unchanged.
+  {
+    auto s = OpenRo(path);
+    auto h = DecodeHeader([&] {
+      std::vector<uint8_t> head(65536);
+      EXPECT_TRUE(s->ReadAt(0, head).ok());
+      return head;
+    }(), *s->Size());
+    ASSERT_TRUE(h.has_value() && h->bitmaps.has_value());
+    auto rw = io::OpenFile(path, io::OpenOptions{});
+    const uint64_t dir_off = h->bitmaps->bitmap_directory_offset;
+    std::vector<uint8_t> dirbytes(h->bitmaps->bitmap_directory_size);
+    ASSERT_TRUE((*rw)->ReadAt(dir_off, dirbytes).ok());
+    // The second entry follows the first: 24 bytes and "on", padded to 32.
+    dirbytes[32 + 15] |= 1;
+    ASSERT_TRUE((*rw)->WriteAt(dir_off, dirbytes).ok());
+  }
+  auto raw = [&] {
+    auto s = OpenRo(path);
+    std::vector<uint8_t> bytes(*s->Size());
+    EXPECT_TRUE(s->ReadAt(0, bytes).ok());
+    return bytes;
+  };
+  const auto before = raw();
+  auto refused = CompactFile(path, {});
+  EXPECT_EQ(refused.status().code(), Code::kNotSupported) << refused.status().ToString();
+  EXPECT_NE(refused.status().message().find("'off'"), std::string::npos);
+  EXPECT_TRUE(raw() == before) << "the refused compaction changed the file";
 }
 
 }  // namespace
