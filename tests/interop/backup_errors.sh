@@ -25,15 +25,6 @@ M=$((1 << 20))
 
 uri() { echo "nbd+unix:///?socket=$TMP/$1"; }
 
-# wait_accepting URI: until a server answers a handshake there (10 s).
-wait_accepting() {
-  local i
-  for ((i = 0; i < 200; i++)); do
-    timeout 5 nbdinfo --size "$1" >/dev/null 2>&1 && return 0
-    sleep 0.05
-  done
-  fail "no NBD server answers at $1 after 10 s"
-}
 
 # listing: the temp dir's files (a refused backup must add none).
 listing() {

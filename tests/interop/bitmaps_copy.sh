@@ -24,16 +24,6 @@ M=$((1 << 20))
 
 uri() { echo "nbd+unix:///?socket=$TMP/$1"; }
 
-# wait_accepting URI: the socket appears at bind(), before listen(); waits
-# until the server answers a handshake (at most 10 s).
-wait_accepting() {
-  local i
-  for ((i = 0; i < 200; i++)); do
-    timeout 5 nbdinfo --size "$1" >/dev/null 2>&1 && return 0
-    sleep 0.05
-  done
-  fail "no NBD server answers at $1 after 10 s"
-}
 
 # qemu_bitmaps IMAGE: the "bitmaps" list qemu-img info reports ([] when none).
 qemu_bitmaps() {

@@ -23,16 +23,6 @@ require_tool "$QEMU_IMG" "$QEMU_IO" qemu-nbd nbdkit nbdcopy nbdinfo jq python3
 
 uri() { echo "nbd+unix:///?socket=$TMP/$1"; }
 
-# wait_accepting URI: the socket file appears at bind(), before listen();
-# waits until the server answers a handshake (at most 10 s).
-wait_accepting() {
-  local i
-  for ((i = 0; i < 200; i++)); do
-    nbdinfo --size "$1" >/dev/null 2>&1 && return 0
-    sleep 0.05
-  done
-  fail "no NBD server answers at $1 after 10 s"
-}
 
 # qnbd NAME SOCKET ARGS...: qemu_nbd_unix, then wait_accepting.
 qnbd() {

@@ -93,6 +93,17 @@ wait_for_socket() {
   fail "no socket at $path after ${limit}s"
 }
 
+# wait_accepting URI: until an NBD server answers a handshake there (10 s):
+# a Unix socket appears at bind(), before the server listens.
+wait_accepting() {
+  local i
+  for ((i = 0; i < 200; i++)); do
+    timeout 5 nbdinfo --size "$1" >/dev/null 2>&1 && return 0
+    sleep 0.05
+  done
+  fail "no NBD server answers at $1 after 10 s"
+}
+
 # spawn NAME CMD...: runs CMD in the background with its stdout/stderr in
 # NAME.out/NAME.err; sets SERVER_PID and registers it for the cleanup.
 spawn() {

@@ -120,16 +120,6 @@ workload() {
   ! grep -qiE 'error|failed' run.out run.err || { cat run.out run.err >&2; fail "qemu-io reported a failure"; }
 }
 
-# wait_accepting URI: qemu-nbd's socket appears at bind(), before listen();
-# waits until it answers a handshake (10 s).
-wait_accepting() {
-  local i
-  for ((i = 0; i < 200; i++)); do
-    timeout 5 nbdinfo --size "$1" >/dev/null 2>&1 && return 0
-    sleep 0.05
-  done
-  fail "no NBD server answers at $1 after 10 s"
-}
 
 # ---- Checks ------------------------------------------------------------------
 
