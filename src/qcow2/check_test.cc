@@ -529,5 +529,42 @@ TEST_F(QemuCheck, CorruptionCountsAgreeAndRepairSatisfiesQemu) {
   Sh("qemu-io -c 'read -P 1 0 256k' '" + a + "'");  // data intact
 }
 
+// A bitmap directory that does not decode: check reports it; check -r all
+// drops the extension (its bitmaps were lost either way) and reclaims the
+// clusters it held in the same run, and qemu then finds the image clean.
+TEST_F(QemuCheck, RepairDropsABitmapDirectoryThatDoesNotDecode) {
+  SKIP_WITHOUT_QEMU();
+  std::string a = Path("bad-dir.qcow2");
+  Sh("qemu-img create -q -f qcow2 '" + a + "' 16M");
+  Sh("qemu-img bitmap --add '" + a + "' b");
+  Sh("qemu-io -c 'write -P 1 0 256k' '" + a + "'");
+  {
+    auto f = Open(a);
+    ASSERT_TRUE(f);
+    Header h = HeaderOf(*f);
+    ASSERT_TRUE(h.bitmaps.has_value());
+    // The entry is 24 bytes and the name "b", padded to 32: a padding byte.
+    uint8_t junk = 0x5a;
+    ASSERT_TRUE(f->WriteAt(h.bitmaps->bitmap_directory_offset + 26, {&junk, 1}).ok());
+  }
+  {
+    auto f = Open(a);
+    CheckReport r = CheckOk(*f, RepairMode::kNone);
+    EXPECT_EQ(r.corruptions, 1u) << Messages(r);
+    r = CheckOk(*f, RepairMode::kAll);
+    EXPECT_EQ(r.corruptions, 0u) << Messages(r);
+    EXPECT_GE(r.leaks_fixed, 2u) << Messages(r);  // the directory and the table
+    r = CheckOk(*f, RepairMode::kNone);
+    EXPECT_EQ(r.corruptions + r.leaks, 0u) << Messages(r);
+    Header h = HeaderOf(*f);
+    EXPECT_FALSE(h.bitmaps.has_value());
+    EXPECT_EQ(h.autoclear_features & kAutoclearBitmaps, 0u);
+  }
+  int rc = -1;
+  nlohmann::json j = QemuImgCheck(a, &rc);
+  EXPECT_EQ(rc, 0) << j.dump();
+  Sh("qemu-io -c 'read -P 1 0 256k' '" + a + "'");  // data intact
+}
+
 }  // namespace
 }  // namespace thindisk::qcow2
