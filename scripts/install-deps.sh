@@ -18,8 +18,10 @@ PACKAGES=(
   librbd-dev
   # TLS on the NBD server (src/nbd/tls*): GnuTLS, and certtool for the tests' throwaway CA
   libgnutls28-dev gnutls-bin
-  # the tools our interop tests judge us by
-  qemu-utils libnbd-bin fio nbdkit jq
+  # the tools our interop tests judge us by (qemu-block-extra: qemu's rbd
+  # driver, a module qemu-img --help lists even when it is not installed;
+  # bench/rados's qemu-nbd rbd: peer)
+  qemu-utils qemu-block-extra libnbd-bin fio nbdkit jq
   # the throwaway one-node Ceph cluster of the RADOS tests (scripts/ceph-cluster.sh):
   # mon and osd daemons, the ceph/rados CLIs (nothing starts them without systemd)
   ceph-mon ceph-osd ceph-common
