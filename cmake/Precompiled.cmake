@@ -51,6 +51,7 @@ function(_thindisk_pch_holder name)
   add_library(${name} OBJECT ${src})
   target_include_directories(${name} PRIVATE ${THINDISK_SRC})
   target_link_libraries(${name} PRIVATE GTest::gtest nlohmann_json::nlohmann_json)
+  thindisk_test_flags(${name})  # the suites reusing it compile with these
   target_precompile_headers(${name} PRIVATE ${ARGN})
 endfunction()
 
