@@ -281,6 +281,7 @@ class ServeCommand final : public Subcommand {
     if (!bind_.empty()) target.host = bind_;
     if (port_ > 65535) return Status::InvalidArgument("--port must be 0..65535");
     if (port_ >= 0) target.port = uint16_t(port_);
+    TD_ASSIGN_OR_RETURN(target.tls, tls_options_.ListSettings());
     TD_RETURN_IF_ERROR(ListExports(target));
     return Outcome::kSuccess;
   }

@@ -27,10 +27,23 @@
 
 namespace thindisk::cli {
 
+// -L's TLS, a client's (the server's certificate checked against the CA in
+// x509_dir, a client certificate shown when there is one; or a PSK).
+struct ListTls {
+  bool on = false;       // STARTTLS asked for
+  bool require = false;  // and nothing else accepted (else plaintext when refused)
+  std::string x509_dir;  // ca-cert.pem, client-cert.pem, client-key.pem
+  std::string psk_file;  // username:hexkey lines
+  std::string username;  // the PSK user
+  std::string hostname;  // the name the server's certificate must carry
+  bool verify_peer = true;
+};
+
 struct ListTarget {
   std::string unix_socket;  // when set, used instead of TCP
   std::string host = "127.0.0.1";
   uint16_t port = 10809;
+  ListTls tls;
 };
 
 // Prints the listing on stdout. Errors name the server that could not be

@@ -75,6 +75,24 @@ Status OnlyProps(const QemuObject& o, std::initializer_list<const char*> known) 
   return Status::Ok();
 }
 
+// The --object options by id, only the types thindisk knows.
+Result<std::map<std::string, QemuObject>> ParseObjects(const std::vector<std::string>& texts) {
+  std::map<std::string, QemuObject> objects;
+  for (const std::string& text : texts) {
+    TD_ASSIGN_OR_RETURN(QemuObject o, ParseQemuObject(text));
+    if (o.type != "tls-creds-x509" && o.type != "tls-creds-psk" && o.type != "authz-simple" &&
+        o.type != "authz-list-file") {
+      return Status::NotSupported("--object " + o.type +
+                                  ": only tls-creds-x509, tls-creds-psk, authz-simple and "
+                                  "authz-list-file objects are supported");
+    }
+    const std::string id = o.props["id"];
+    if (!objects.emplace(id, std::move(o)).second)
+      return Status::InvalidArgument("--object: two objects with id=" + id);
+  }
+  return objects;
+}
+
 bool IsDirectory(const std::string& path) {
   struct stat st {};
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
@@ -107,30 +125,20 @@ void ServeTlsOptions::Register(CLI::App* sub) {
                   "authz-list-file (repeatable)")
       ->allow_extra_args(false)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  sub->add_option("--tls-hostname", hostname_, "(refused: a client's option; see docs/tls.md)");
+  sub->add_option("--tls-hostname", hostname_,
+                  "With -L: the name the server's certificate must carry (a client's option)");
 }
 
 Result<nbd::TlsSettings> ServeTlsOptions::Settings() const {
   if (!hostname_.empty())
     return Status::InvalidArgument(
-        "--tls-hostname checks the server's name on the client's side; a server does not use it");
+        "--tls-hostname checks the server's name on a client's side (-L/--list); a server does "
+        "not use it");
   nbd::TlsSettings s;
   s.verify_peer = verify_peer_;
   s.allow = allow_;
   s.priority = priority_;
-  std::map<std::string, QemuObject> objects;
-  for (const std::string& text : objects_) {
-    TD_ASSIGN_OR_RETURN(QemuObject o, ParseQemuObject(text));
-    if (o.type != "tls-creds-x509" && o.type != "tls-creds-psk" && o.type != "authz-simple" &&
-        o.type != "authz-list-file") {
-      return Status::NotSupported("--object " + o.type +
-                                  ": only tls-creds-x509, tls-creds-psk, authz-simple and "
-                                  "authz-list-file objects are supported");
-    }
-    const std::string id = o.props["id"];
-    if (!objects.emplace(id, std::move(o)).second)
-      return Status::InvalidArgument("--object: two objects with id=" + id);
-  }
+  TD_ASSIGN_OR_RETURN(auto objects, ParseObjects(objects_));
   // --tls-creds: an object's id, else a directory.
   if (auto it = objects.find(creds_); !creds_.empty() && it != objects.end()) {
     const QemuObject& o = it->second;
@@ -213,6 +221,64 @@ Result<std::shared_ptr<nbd::TlsServer>> ServeTlsOptions::Build() const {
   TD_ASSIGN_OR_RETURN(nbd::TlsSettings s, Settings());
   if (s.mode == nbd::TlsMode::kOff) return std::shared_ptr<nbd::TlsServer>();
   return nbd::TlsServer::Create(std::move(s));
+}
+
+Result<ListTls> ServeTlsOptions::ListSettings() const {
+  if (!authz_.empty() || !allow_.empty() || !priority_.empty())
+    return Status::InvalidArgument(
+        "-L/--list is a client: --tls-authz, --tls-allow and --tls-priority are a server's "
+        "options");
+  ListTls t;
+  t.hostname = hostname_;
+  t.verify_peer = verify_peer_;
+  TD_ASSIGN_OR_RETURN(auto objects, ParseObjects(objects_));
+  if (auto it = objects.find(creds_); !creds_.empty() && it != objects.end()) {
+    const QemuObject& o = it->second;
+    const std::string what = "--object " + o.type + ",id=" + creds_;
+    if (o.type == "tls-creds-x509") {
+      TD_RETURN_IF_ERROR(OnlyProps(o, {"id", "dir", "endpoint", "verify-peer"}));
+    } else if (o.type == "tls-creds-psk") {
+      TD_RETURN_IF_ERROR(OnlyProps(o, {"id", "dir", "endpoint", "username"}));
+    } else {
+      return Status::InvalidArgument("--tls-creds " + creds_ + ": --object " + o.type +
+                                     " holds no TLS credentials");
+    }
+    // qemu's default endpoint is the client.
+    if (auto endpoint = o.props.find("endpoint");
+        endpoint != o.props.end() && endpoint->second != "client")
+      return Status::InvalidArgument(what + ": -L/--list is a client and needs endpoint=client");
+    auto dir = o.props.find("dir");
+    if (dir == o.props.end()) return Status::InvalidArgument(what + ": needs dir=DIR");
+    if (o.type == "tls-creds-x509") {
+      t.x509_dir = dir->second;
+      TD_ASSIGN_OR_RETURN(t.verify_peer, QemuBool(o, "verify-peer", true));
+    } else {
+      t.psk_file = dir->second + "/keys.psk";  // qemu's name in the directory
+      auto user = o.props.find("username");
+      t.username = user == o.props.end() ? "qemu" : user->second;  // qemu's default user
+    }
+  } else if (!creds_.empty()) {
+    if (!IsDirectory(creds_))
+      return Status::InvalidArgument("--tls-creds " + creds_ +
+                                     ": not a directory, nor the id of an --object");
+    t.x509_dir = creds_;
+  }
+  if (!psk_.empty())
+    return Status::InvalidArgument(
+        "-L/--list with a PSK names its user: --object tls-creds-psk,id=ID,dir=DIR,"
+        "endpoint=client,username=USER --tls-creds ID (DIR/keys.psk)");
+  const bool creds = !t.x509_dir.empty() || !t.psk_file.empty();
+  nbd::TlsMode mode = creds ? nbd::TlsMode::kRequire : nbd::TlsMode::kOff;
+  if (!mode_.empty()) {
+    TD_ASSIGN_OR_RETURN(mode, nbd::ParseTlsMode(mode_));
+  }
+  if (mode != nbd::TlsMode::kOff && !creds)
+    return Status::InvalidArgument("--tls=" + mode_ + " needs credentials: --tls-creds");
+  if (!creds && !t.hostname.empty())
+    return Status::InvalidArgument("--tls-hostname needs TLS credentials: --tls-creds");
+  t.on = mode != nbd::TlsMode::kOff;
+  t.require = mode == nbd::TlsMode::kRequire;
+  return t;
 }
 
 std::string ServeTlsOptions::Describe(const nbd::TlsServer& tls) {

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/serve_list.h"
 #include "nbd/tls.h"
 #include "util/result.h"
 
@@ -36,6 +37,11 @@ class ServeTlsOptions {
   // A description for the log line when serving ("TLS required (X.509,
   // client certificates verified)").
   static std::string Describe(const nbd::TlsServer& tls);
+  // The same options read as a client's, for -L/--list (as qemu-nbd -L):
+  // --tls-creds DIR (a client's layout) or the id of an --object
+  // tls-creds-x509/tls-creds-psk with endpoint=client, --tls-hostname,
+  // --tls, --tls-verify-peer. A server's options are refused by name.
+  Result<ListTls> ListSettings() const;
 
  private:
   Result<nbd::TlsSettings> Settings() const;
@@ -48,7 +54,7 @@ class ServeTlsOptions {
   std::vector<std::string> allow_;
   std::string priority_;
   std::vector<std::string> objects_;
-  std::string hostname_;  // qemu-nbd's client-side --tls-hostname: refused
+  std::string hostname_;  // qemu-nbd's --tls-hostname: a client's (-L) only
 };
 
 }  // namespace thindisk::cli

@@ -7,7 +7,8 @@
 # verify; finally the whole export is compared with what was written. Then
 # a server started by socket activation (TCP) and thindisk bench over TLS;
 # qemu-nbd's own TLS command line (--object tls-creds-x509/-psk, --tls-creds
-# ID), which thindisk serve takes as qemu-nbd does.
+# ID), which thindisk serve takes as qemu-nbd does; and `thindisk serve -L`
+# over TLS (X.509, PSK, TCP), which must print what qemu-nbd -L prints.
 #   TLS_SERVER=nbdkit bash tests/tls/clients.sh
 source "$(dirname "$0")/lib.sh"
 require_tool nbdinfo nbdcopy qemu-io qemu-img fio jq cmp systemd-socket-activate
@@ -29,6 +30,37 @@ expect_zero() {
 # expect_same FILE1 FILE2 OFFSET LENGTH WHAT: that range is equal in both.
 expect_same() {
   cmp -s -n "$4" <(tail -c +"$(($3 + 1))" "$1") <(tail -c +"$(($3 + 1))" "$2") || fail "$5"
+}
+
+# list_same WHAT QEMU_NBD_ARGS -- THINDISK_ARGS: qemu-nbd -L and thindisk
+# serve -L (each with its own arguments: the address and the TLS options)
+# print the same listing; the export of 64 MiB is in it.
+list_same() {
+  local what=$1 i
+  shift
+  local qemu_args=() td_args=()
+  while [[ $1 != -- ]]; do qemu_args+=("$1"); shift; done
+  shift
+  td_args=("$@")
+  [[ $TD != false ]] || return 0
+  log "-L over TLS ($what): thindisk serve -L lists what qemu-nbd -L lists"
+  qemu-nbd -L "${qemu_args[@]}" >list.qemu 2>list.err || fail "qemu-nbd -L ($what): $(cat list.err)"
+  for i in 1 2; do  # twice: the listing ends the session cleanly
+    "$TD" serve -L "${td_args[@]}" >list.td 2>list.err || fail "thindisk serve -L ($what): $(cat list.err)"
+  done
+  cmp list.qemu list.td || fail "-L ($what): the listings differ: $(diff list.qemu list.td)"
+  grep -qx "  size:  $SIZE" list.td || fail "-L ($what): no export of $SIZE bytes: $(cat list.td)"
+}
+
+# list_refused WHAT ARGS...: thindisk serve -L ARGS fails with a message.
+list_refused() {
+  local what=$1
+  shift
+  [[ $TD != false ]] || return 0
+  if "$TD" serve -L "$@" >list.td 2>list.err; then
+    fail "thindisk serve -L lists with $what: $(cat list.td)"
+  fi
+  [[ -s list.err ]] || fail "thindisk serve -L with $what fails without a message"
 }
 
 # ---- X.509 --------------------------------------------------------------
@@ -103,6 +135,15 @@ if [[ $TD != false ]]; then
   qemu-img compare -q -f qcow2 -F raw td.qcow2 final.raw ||
     fail "thindisk convert: the copy differs from the export"
 fi
+list_same "X.509, --object" --object "$(qemu_x509 "$PKI/alice")" --tls-creds tls0 \
+  --tls-hostname localhost -k "$TMP/x.sock" -- \
+  --object "$(qemu_x509 "$PKI/alice")" --tls-creds tls0 -k "$TMP/x.sock"
+list_same "X.509, --tls-creds DIR" --object "$(qemu_x509 "$PKI/alice")" --tls-creds tls0 \
+  --tls-hostname localhost -k "$TMP/x.sock" -- --tls-creds "$PKI/alice" -k "$TMP/x.sock"
+list_refused "no TLS" -k "$TMP/x.sock"
+list_refused "mallory's certificate" --tls-creds "$PKI/mallory" -k "$TMP/x.sock"
+list_refused "a server's credentials" --object "tls-creds-x509,id=tls0,dir=$PKI/server,endpoint=server" \
+  --tls-creds tls0 -k "$TMP/x.sock"
 stop_tls "$pid" x
 
 # ---- PSK ------------------------------------------------------------------
@@ -133,6 +174,9 @@ if [[ $TD != false ]]; then
   "$TD" convert -q -O raw "$PSK" td.raw || fail "thindisk convert (PSK) failed"
   cmp td.raw psk2.raw || fail "thindisk convert (PSK): the copy differs from the export"
 fi
+list_same "PSK" --object "$(qemu_psk "$PKI/psk" alice)" --tls-creds tls0 -k "$TMP/p.sock" -- \
+  --object "$(qemu_psk "$PKI/psk" alice)" --tls-creds tls0 -k "$TMP/p.sock"
+list_refused "a wrong PSK" --object "$(qemu_psk "$PKI/psk-wrong" alice)" --tls-creds tls0 -k "$TMP/p.sock"
 stop_tls "$pid" p
 
 # ---- Socket activation (systemd's LISTEN_FDS) over TCP ------------------
@@ -162,6 +206,11 @@ fi
 nbdcopy "$SA" act.raw || fail "nbdcopy out of the activated server failed"
 expect_same act.raw <(cat <(head -c $((32 * MiB)) /dev/zero) <(head -c "$MiB" /dev/zero | tr '\0' '\076')) \
   $((32 * MiB)) "$MiB" "socket activation: qemu-io's 0x3e megabyte"
+list_same "TCP, the server's name checked" --object "$(qemu_x509 "$PKI/alice")" --tls-creds tls0 \
+  -b 127.0.0.1 -p "$port" -- --object "$(qemu_x509 "$PKI/alice")" --tls-creds tls0 \
+  --tls-hostname 127.0.0.1 -b 127.0.0.1 -p "$port"
+list_refused "a name the certificate does not carry" --tls-creds "$PKI/alice" \
+  --tls-hostname nbd.invalid -b 127.0.0.1 -p "$port"
 stop_tls "$pid" "sa-$port"
 
 # ---- qemu-nbd's own TLS command line (thindisk takes it as it is) -------
