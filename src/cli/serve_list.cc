@@ -105,9 +105,10 @@ Status PrintExport(struct nbd_handle* h, const Listed& e, const std::string& ser
 // libnbd checks the certificate chain only.
 Status SetTls(struct nbd_handle* h, const ListTarget& target) {
   const ListTls& tls = target.tls;
-  if (!tls.on) return Status::Ok();
+  if (tls.mode == nbd::TlsMode::kOff) return Status::Ok();
   const auto failed = [] { return LibnbdError("-L/--list: TLS"); };
-  if (nbd_set_tls(h, tls.require ? LIBNBD_TLS_REQUIRE : LIBNBD_TLS_ALLOW) == -1) return failed();
+  if (nbd_set_tls(h, tls.mode == nbd::TlsMode::kRequire ? LIBNBD_TLS_REQUIRE
+                                                                   : LIBNBD_TLS_ALLOW) == -1) return failed();
   if (!tls.x509_dir.empty() && nbd_set_tls_certificates(h, tls.x509_dir.c_str()) == -1)
     return failed();
   if (!tls.psk_file.empty() && (nbd_set_tls_psk_file(h, tls.psk_file.c_str()) == -1 ||
@@ -154,7 +155,7 @@ Status ListExports(const ListTarget& target) {
       .free = nullptr};
   if (nbd_opt_list(h, collect) == -1) {
     Status s = LibnbdError(server + ": listing exports");
-    if (target.tls.on) return s;
+    if (target.tls.mode != nbd::TlsMode::kOff) return s;
     return Status::Internal(s.message() + " (a server that requires TLS refuses a plaintext "
                                           "listing: give --tls-creds)");
   }

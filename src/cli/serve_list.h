@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <string>
 
+#include "nbd/tls.h"
 #include "util/result.h"
 
 namespace thindisk::cli {
@@ -30,8 +31,9 @@ namespace thindisk::cli {
 // -L's TLS, a client's (the server's certificate checked against the CA in
 // x509_dir, a client certificate shown when there is one; or a PSK).
 struct ListTls {
-  bool on = false;       // STARTTLS asked for
-  bool require = false;  // and nothing else accepted (else plaintext when refused)
+  // kOn: STARTTLS asked for, plaintext when the server has no TLS;
+  // kRequire: nothing but TLS.
+  nbd::TlsMode mode = nbd::TlsMode::kOff;
   std::string x509_dir;  // ca-cert.pem, client-cert.pem, client-key.pem
   std::string psk_file;  // username:hexkey lines
   std::string username;  // the PSK user

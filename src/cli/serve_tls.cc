@@ -98,6 +98,63 @@ bool IsDirectory(const std::string& path) {
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+// What --tls-creds names, for a server or for a client (-L).
+struct Credentials {
+  std::string x509_dir;
+  std::string psk_file;
+  bool verify_peer = true;  // an x509 object's verify-peer, else the option's
+  std::string priority;     // a server object's priority
+  std::string username;     // a client's PSK user
+};
+
+// --tls-creds CREDS: the id of a tls-creds-x509/-psk --object of that
+// endpoint (qemu's default endpoint is the client; a server takes a missing
+// one as its own), else a directory of X.509 files.
+Result<Credentials> ResolveCredentials(const std::map<std::string, QemuObject>& objects,
+                                       const std::string& creds, bool verify_peer, bool client) {
+  Credentials c;
+  c.verify_peer = verify_peer;
+  if (creds.empty()) return c;
+  auto it = objects.find(creds);
+  if (it == objects.end()) {
+    if (!IsDirectory(creds))
+      return Status::InvalidArgument("--tls-creds " + creds +
+                                     ": not a directory, nor the id of an --object");
+    c.x509_dir = creds;
+    return c;
+  }
+  const QemuObject& o = it->second;
+  const bool x509 = o.type == "tls-creds-x509";
+  if (!x509 && o.type != "tls-creds-psk")
+    return Status::InvalidArgument("--tls-creds " + creds + ": --object " + o.type +
+                                   " holds no TLS credentials");
+  const std::string what = "--object " + o.type + ",id=" + creds;
+  if (!client) {
+    TD_RETURN_IF_ERROR(OnlyProps(o, {"id", "dir", "endpoint", "verify-peer", "priority"}));
+  } else if (x509) {
+    TD_RETURN_IF_ERROR(OnlyProps(o, {"id", "dir", "endpoint", "verify-peer"}));
+  } else {
+    TD_RETURN_IF_ERROR(OnlyProps(o, {"id", "dir", "endpoint", "username"}));
+  }
+  if (auto p = o.props.find("priority"); p != o.props.end()) c.priority = p->second;
+  if (auto endpoint = o.props.find("endpoint");
+      endpoint != o.props.end() && endpoint->second != (client ? "client" : "server"))
+    return Status::InvalidArgument(what + (client ? ": -L/--list is a client and needs "
+                                                    "endpoint=client"
+                                                  : ": a server needs endpoint=server"));
+  auto dir = o.props.find("dir");
+  if (dir == o.props.end()) return Status::InvalidArgument(what + ": needs dir=DIR");
+  if (x509) {
+    c.x509_dir = dir->second;
+    TD_ASSIGN_OR_RETURN(c.verify_peer, QemuBool(o, "verify-peer", true));
+  } else {
+    c.psk_file = dir->second + "/keys.psk";  // qemu's name in the directory
+    auto user = o.props.find("username");
+    c.username = user == o.props.end() ? "qemu" : user->second;  // qemu's default user
+  }
+  return c;
+}
+
 }  // namespace
 
 void ServeTlsOptions::Register(CLI::App* sub) {
@@ -135,38 +192,15 @@ Result<nbd::TlsSettings> ServeTlsOptions::Settings() const {
         "--tls-hostname checks the server's name on a client's side (-L/--list); a server does "
         "not use it");
   nbd::TlsSettings s;
-  s.verify_peer = verify_peer_;
   s.allow = allow_;
   s.priority = priority_;
   TD_ASSIGN_OR_RETURN(auto objects, ParseObjects(objects_));
-  // --tls-creds: an object's id, else a directory.
-  if (auto it = objects.find(creds_); !creds_.empty() && it != objects.end()) {
-    const QemuObject& o = it->second;
-    if (o.type != "tls-creds-x509" && o.type != "tls-creds-psk")
-      return Status::InvalidArgument("--tls-creds " + creds_ + ": --object " + o.type +
-                                     " holds no TLS credentials");
-    TD_RETURN_IF_ERROR(OnlyProps(o, {"id", "dir", "endpoint", "verify-peer", "priority"}));
-    if (auto p = o.props.find("priority"); p != o.props.end() && priority_.empty())
-      s.priority = p->second;
-    auto endpoint = o.props.find("endpoint");
-    if (endpoint != o.props.end() && endpoint->second != "server")
-      return Status::InvalidArgument("--object " + o.type + ",id=" + creds_ +
-                                     ": a server needs endpoint=server");
-    auto dir = o.props.find("dir");
-    if (dir == o.props.end())
-      return Status::InvalidArgument("--object " + o.type + ",id=" + creds_ + ": needs dir=DIR");
-    if (o.type == "tls-creds-x509") {
-      s.x509_dir = dir->second;
-      TD_ASSIGN_OR_RETURN(s.verify_peer, QemuBool(o, "verify-peer", true));
-    } else {
-      s.psk_file = dir->second + "/keys.psk";  // qemu's name in the directory
-    }
-  } else if (!creds_.empty()) {
-    if (!IsDirectory(creds_))
-      return Status::InvalidArgument("--tls-creds " + creds_ +
-                                     ": not a directory, nor the id of an --object");
-    s.x509_dir = creds_;
-  }
+  TD_ASSIGN_OR_RETURN(Credentials given,
+                      ResolveCredentials(objects, creds_, verify_peer_, /*client=*/false));
+  s.x509_dir = given.x509_dir;
+  s.psk_file = given.psk_file;
+  s.verify_peer = given.verify_peer;
+  if (priority_.empty() && !given.priority.empty()) s.priority = given.priority;
   if (!psk_.empty()) {
     if (!s.x509_dir.empty() || !s.psk_file.empty())
       return Status::InvalidArgument("--tls-psk cannot be combined with --tls-creds");
@@ -228,56 +262,28 @@ Result<ListTls> ServeTlsOptions::ListSettings() const {
     return Status::InvalidArgument(
         "-L/--list is a client: --tls-authz, --tls-allow and --tls-priority are a server's "
         "options");
-  ListTls t;
-  t.hostname = hostname_;
-  t.verify_peer = verify_peer_;
   TD_ASSIGN_OR_RETURN(auto objects, ParseObjects(objects_));
-  if (auto it = objects.find(creds_); !creds_.empty() && it != objects.end()) {
-    const QemuObject& o = it->second;
-    const std::string what = "--object " + o.type + ",id=" + creds_;
-    if (o.type == "tls-creds-x509") {
-      TD_RETURN_IF_ERROR(OnlyProps(o, {"id", "dir", "endpoint", "verify-peer"}));
-    } else if (o.type == "tls-creds-psk") {
-      TD_RETURN_IF_ERROR(OnlyProps(o, {"id", "dir", "endpoint", "username"}));
-    } else {
-      return Status::InvalidArgument("--tls-creds " + creds_ + ": --object " + o.type +
-                                     " holds no TLS credentials");
-    }
-    // qemu's default endpoint is the client.
-    if (auto endpoint = o.props.find("endpoint");
-        endpoint != o.props.end() && endpoint->second != "client")
-      return Status::InvalidArgument(what + ": -L/--list is a client and needs endpoint=client");
-    auto dir = o.props.find("dir");
-    if (dir == o.props.end()) return Status::InvalidArgument(what + ": needs dir=DIR");
-    if (o.type == "tls-creds-x509") {
-      t.x509_dir = dir->second;
-      TD_ASSIGN_OR_RETURN(t.verify_peer, QemuBool(o, "verify-peer", true));
-    } else {
-      t.psk_file = dir->second + "/keys.psk";  // qemu's name in the directory
-      auto user = o.props.find("username");
-      t.username = user == o.props.end() ? "qemu" : user->second;  // qemu's default user
-    }
-  } else if (!creds_.empty()) {
-    if (!IsDirectory(creds_))
-      return Status::InvalidArgument("--tls-creds " + creds_ +
-                                     ": not a directory, nor the id of an --object");
-    t.x509_dir = creds_;
-  }
+  TD_ASSIGN_OR_RETURN(Credentials given,
+                      ResolveCredentials(objects, creds_, verify_peer_, /*client=*/true));
+  ListTls t;
+  t.x509_dir = given.x509_dir;
+  t.psk_file = given.psk_file;
+  t.username = given.username;
+  t.verify_peer = given.verify_peer;
+  t.hostname = hostname_;
   if (!psk_.empty())
     return Status::InvalidArgument(
         "-L/--list with a PSK names its user: --object tls-creds-psk,id=ID,dir=DIR,"
         "endpoint=client,username=USER --tls-creds ID (DIR/keys.psk)");
-  const bool creds = !t.x509_dir.empty() || !t.psk_file.empty();
-  nbd::TlsMode mode = creds ? nbd::TlsMode::kRequire : nbd::TlsMode::kOff;
+  const bool have = !t.x509_dir.empty() || !t.psk_file.empty();
+  t.mode = have ? nbd::TlsMode::kRequire : nbd::TlsMode::kOff;
   if (!mode_.empty()) {
-    TD_ASSIGN_OR_RETURN(mode, nbd::ParseTlsMode(mode_));
+    TD_ASSIGN_OR_RETURN(t.mode, nbd::ParseTlsMode(mode_));
   }
-  if (mode != nbd::TlsMode::kOff && !creds)
+  if (t.mode != nbd::TlsMode::kOff && !have)
     return Status::InvalidArgument("--tls=" + mode_ + " needs credentials: --tls-creds");
-  if (!creds && !t.hostname.empty())
+  if (!have && !t.hostname.empty())
     return Status::InvalidArgument("--tls-hostname needs TLS credentials: --tls-creds");
-  t.on = mode != nbd::TlsMode::kOff;
-  t.require = mode == nbd::TlsMode::kRequire;
   return t;
 }
 
