@@ -59,8 +59,13 @@ backing_fields() {
   jq -c '{b: ."backing-filename", f: ."backing-filename-format"}' "$OUT"
 }
 
+# run_layout NAME OPTS BASEFMT WIDEN: every chain operation on one layout.
+# WIDEN is the refcount width the amend steps return to from 1 bit: qemu-img
+# 7.2 takes 18 s (64 KiB clusters) to 77 s (128 KiB) to widen from 1 bit, so
+# one layout does it and the others return to 1 bit's width (16 to 64 widens
+# in every layout).
 run_layout() {
-  local name=$1 opts=$2 basefmt=$3 base="base.$3"
+  local name=$1 opts=$2 basefmt=$3 widen=$4 base="base.$3"
 
   fresh "$name: map agrees with qemu-img map (depth per extent)" "$opts" "$basefmt"
   ok "$QEMU_IMG" map --output=json orig/top.qcow2
@@ -141,7 +146,7 @@ run_layout() {
 
   fresh "$name: amend" "$opts" "$basefmt"
   local o
-  for o in lazy_refcounts=on refcount_bits=64 refcount_bits=1 lazy_refcounts=off,refcount_bits=16 \
+  for o in lazy_refcounts=on refcount_bits=64 refcount_bits=1 "lazy_refcounts=off,refcount_bits=$widen" \
            backing_file=mid.qcow2,backing_fmt=qcow2; do
     ok "$QEMU_IMG" amend -o "$o" q/top.qcow2
     td amend -o "$o" t/top.qcow2
@@ -197,9 +202,9 @@ run_errors() {
   cmp orig/top.qcow2 t/top.qcow2 || fail "a failed command modified the image"
 }
 
-run_layout "64K no-xl2" "cluster_size=65536,extended_l2=off" qcow2
-run_layout "default (128K xl2 zstd)" "cluster_size=131072,extended_l2=on,compression_type=zstd" qcow2
-run_layout "raw base" "cluster_size=65536" raw
+run_layout "64K no-xl2" "cluster_size=65536,extended_l2=off" qcow2 16
+run_layout "default (128K xl2 zstd)" "cluster_size=131072,extended_l2=on,compression_type=zstd" qcow2 1
+run_layout "raw base" "cluster_size=65536" raw 1
 run_downgrade
 run_errors
 log "all chain operations agree with qemu-img"
