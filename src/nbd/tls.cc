@@ -14,6 +14,7 @@
 #include <cstring>
 #include <ctime>
 #include <fstream>
+#include <mutex>
 #include <vector>
 
 #include "nbd/fd_io.h"
@@ -184,6 +185,21 @@ namespace {
 // which watches the cancel descriptor. Inside Encrypt, Push collects
 // records (WriteAllV sends them kOutBuffer at a time, TrySendV without
 // blocking); elsewhere (handshake, alerts, close_notify) it sends at once.
+//
+// The reader and the sender share one GnuTLS session, and GnuTLS 3.7 keeps
+// both directions' keys in one epoch: a TLS 1.3 key update makes a new
+// epoch that copies the other direction's record sequence number as it is
+// at that moment. So session_mu_ makes the session one thread's at a time:
+// the reader holds it inside gnutls_record_recv except while Pull waits for
+// the socket, the sender while it encrypts except while Push waits for the
+// socket, and neither waits on anything else holding it. A KeyUpdate from
+// the client (GnuTLS clients send one every 2^24 records) is then processed
+// while no record is being encrypted. Updates of our own keys cannot be made
+// safe that way (GnuTLS picks the read epoch before Pull waits for a record
+// and decrypts it after: a tls_key_update_test run broke the stream), so
+// GnuTLS does not rekey on its own here (GNUTLS_NO_AUTO_REKEY), and a
+// client's request for our update is not answered: gnutls_record_cork
+// drops the plan GnuTLS makes for it.
 class TlsTransport final : public Transport {
  public:
   TlsTransport(int in_fd, int out_fd, int cancel_fd,
@@ -243,6 +259,8 @@ class TlsTransport final : public Transport {
   gnutls_session_t session_ = nullptr;
   bool established_ = false;
   bool cancelled_ = false;         // reader only: Pull saw the cancel descriptor
+  std::mutex session_mu_;          // the session is one thread's (class comment)
+  bool reading_ = false;           // reader only: inside gnutls_record_recv, holding it
   std::vector<uint8_t> in_buf_;    // reader only: [in_pos_, in_end_) not yet pulled
   size_t in_pos_ = 0;
   size_t in_end_ = 0;
@@ -260,8 +278,11 @@ ssize_t TlsTransport::Pull(gnutls_transport_ptr_t p, void* data, size_t size) {
   if (t->in_pos_ == t->in_end_) {
     if (t->in_buf_.empty()) t->in_buf_.resize(kInBuffer);
     // What has arrived, up to kInBuffer: fd_io's read takes queued bytes
-    // without a poll, and otherwise waits watching the cancel descriptor.
+    // without a poll, and otherwise waits watching the cancel descriptor
+    // (the sender may have the session meanwhile).
+    if (t->reading_) t->session_mu_.unlock();
     Result<size_t> got = nbd::ReadAtLeast(t->in_fd_, t->in_buf_, 1, t->cancel_fd_);
+    if (t->reading_) t->session_mu_.lock();
     if (!got.has_value()) {
       if (got.error().code() == Code::kNotFound) return 0;  // end of stream
       int e = got.error().error_number() ? got.error().error_number() : EIO;
@@ -324,7 +345,11 @@ ssize_t TlsTransport::Push(gnutls_transport_ptr_t p, const giovec_t* iov, int co
       total += len;
     }
     if (t->stream_ && t->out_buf_.size() >= kOutBuffer) {
+      // Inside Encrypt, which holds session_mu_: the reader may have the
+      // session while this waits for the socket.
+      t->session_mu_.unlock();
       Status st = t->FlushOut(/*block=*/true);
+      t->session_mu_.lock();
       if (!st.ok()) {
         gnutls_transport_set_errno(t->session_, st.error_number() ? st.error_number() : EIO);
         return -1;
@@ -356,7 +381,7 @@ ssize_t TlsTransport::Push(gnutls_transport_ptr_t p, const giovec_t* iov, int co
 }
 
 Status TlsTransport::Start(bool verify_peer, std::vector<std::string>* names) {
-  int r = gnutls_init(&session_, GNUTLS_SERVER);
+  int r = gnutls_init(&session_, GNUTLS_SERVER | GNUTLS_NO_AUTO_REKEY);
   if (r < 0) return Status(Code::kIoError, "TLS: " + GnutlsMessage(r));
   r = creds_->Apply(session_, verify_peer);
   if (r < 0) return Status(Code::kIoError, "TLS: " + GnutlsMessage(r));
@@ -431,7 +456,11 @@ Status TlsTransport::ReadError(int r, size_t done) const {
 Result<size_t> TlsTransport::ReadAtLeast(std::span<uint8_t> buf, size_t min) {
   size_t done = 0;
   while (done < min || (done < buf.size() && gnutls_record_check_pending(session_) > 0)) {
+    std::unique_lock<std::mutex> lock(session_mu_);
+    reading_ = true;
     const ssize_t n = gnutls_record_recv(session_, buf.data() + done, buf.size() - done);
+    reading_ = false;
+    lock.unlock();
     if (n > 0) {
       done += size_t(n);
       continue;
@@ -448,6 +477,7 @@ Status TlsTransport::Encrypt(std::span<const iovec> iov, bool stream) {
   // GnuTLS's buffer whole.
   constexpr size_t kUncorkEvery = 256u << 10;
   size_t corked = 0;
+  std::lock_guard<std::mutex> session(session_mu_);
   buffering_ = true;
   stream_ = stream;
   struct Unbuffer {
