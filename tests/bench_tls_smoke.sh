@@ -2,7 +2,8 @@
 # smoke.bench_tls: bench/tls runs end to end at a tiny size (its own
 # throwaway CA, every target, both rows, one run) and prints a complete
 # table: the header, a figure in every column of both rows, and a
-# `targets: N PASS, M MISS` line that counts the checks the rows list; it
+# `targets: N PASS, M MISS` line that counts the checks the rows list, and
+# the CPU rows (server and fio, per W2 write and per W4 MiB); it
 # leaves no work directory and no server. It never asks for PASS: figures
 # from a run this small are noise.
 #
@@ -47,10 +48,20 @@ for title in ("W2 4K rand first write QD16", "W4 seq write 1M+flush QD16"):
     figs = row[34:34 + 4 * 15].split()  # a 34-character title, four columns of 15
     need(len(figs) == 4 and all(re.fullmatch(r"\d+(\.\d+)?", f) for f in figs),
          f"{title}: figures {figs}")
+for title in ("  W2 server CPU per write", "  W2 fio CPU per write",
+              "  W4 server CPU per MiB", "  W4 fio CPU per MiB"):
+    row = next((l for l in lines if l.startswith(title + " (")), None)
+    figs = (row or "")[34:34 + 4 * 15].split()
+    need(len(figs) == 4 and all(re.fullmatch(r"\d+(\.\d+)?", f) for f in figs),
+         f"{title.strip()}: figures {figs}")
 got = sorted({(t, m) for _, t, m, _ in raw})
-need(got == sorted((t, m) for t in ("tdtls", "tdplain", "qntls", "nktls")
-                   for m in ("W2.qd16", "W4.qd16")), f"raw results {got}")
-need(all(float(v) > 0 for *_, v in raw), "a figure of zero")
+metrics = ("W2.qd16", "W4.qd16", "W2.server_us", "W2.client_us", "W4.server_ms", "W4.client_ms")
+need(got == sorted((t, m) for t in ("tdtls", "tdplain", "qntls", "nktls") for m in metrics),
+     f"raw results {got}")
+# Speeds are never zero; CPU time may round to zero in a run this small
+# (the kernel counts it in 10 ms ticks).
+need(all(float(v) > 0 for _, _, m, v in raw if m.endswith("qd16")), "a speed of zero")
+need(all(float(v) >= 0 for *_, v in raw), "a negative CPU time")
 verdict = next((l for l in lines if l.startswith("targets: ")), None)
 m = re.fullmatch(r"targets: (\d+) PASS, (\d+) MISS", verdict or "")
 need(m is not None and int(m[1]) + int(m[2]) == 5, f"the verdict line: {verdict!r}")
