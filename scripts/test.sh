@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one test command: install dependencies, then build and run every ctest
 # suite twice, once optimized (build/) and once under ASan+UBSan (build-asan/).
-# Exits non-zero on any failure. Sized for 2 cores in under 60 minutes (53-57 measured on 2026-12-03).
+# Exits non-zero on any failure. Sized for 2 cores in under 60 minutes (51.6-57 measured on 2026-12-03).
 #
 # Environment:
 #   THINDISK_SKIP_DEPS=1   skip scripts/install-deps.sh (developer machines)
