@@ -107,8 +107,8 @@ Status SetTls(struct nbd_handle* h, const ListTarget& target) {
   const ListTls& tls = target.tls;
   if (tls.mode == nbd::TlsMode::kOff) return Status::Ok();
   const auto failed = [] { return LibnbdError("-L/--list: TLS"); };
-  if (nbd_set_tls(h, tls.mode == nbd::TlsMode::kRequire ? LIBNBD_TLS_REQUIRE
-                                                                   : LIBNBD_TLS_ALLOW) == -1) return failed();
+  const int mode = tls.mode == nbd::TlsMode::kRequire ? LIBNBD_TLS_REQUIRE : LIBNBD_TLS_ALLOW;
+  if (nbd_set_tls(h, mode) == -1) return failed();
   if (!tls.x509_dir.empty() && nbd_set_tls_certificates(h, tls.x509_dir.c_str()) == -1)
     return failed();
   if (!tls.psk_file.empty() && (nbd_set_tls_psk_file(h, tls.psk_file.c_str()) == -1 ||

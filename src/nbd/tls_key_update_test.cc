@@ -12,7 +12,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -30,9 +29,11 @@ namespace {
 constexpr char kUser[] = "alice";
 constexpr char kKeyHex[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
+// Byte i of what the client sends.
 uint8_t ClientByte(size_t i) { return uint8_t(i * 7 + (i >> 12)); }
 
-// A client message: its sequence number, then a pattern from it.
+// The server's message number `seq`: a pattern that differs from one
+// message to the next, so a lost, repeated or reordered one shows.
 constexpr size_t kMessage = 32;
 void ServerMessage(uint32_t seq, uint8_t* out) {
   for (size_t i = 0; i < kMessage; ++i) out[i] = uint8_t(seq * 13 + i);
