@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) into build-fuzz/
-# and runs each for the given number of seconds (default 60), starting from
-# fuzz/corpus/<target>/ (new inputs go to build-fuzz/corpus/<target>/).
+# and runs them side by side, each for the given number of seconds (default
+# 60), starting from fuzz/corpus/<target>/ (new inputs go to
+# build-fuzz/corpus/<target>/).
 # Crashers land in build-fuzz/crashers/<target>/; commit each one under
 # fuzz/regressions/<target>/ once fixed (ctest -L fuzz replays them).
 #
@@ -23,14 +24,24 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DTHINDISK_SANITIZE=address,undefined >/dev/null
 cmake --build "$build" -j2 --target "${targets[@]}"
 
-status=0
+# The targets run side by side, one per CPU (the CI machine has two): each
+# still gets the full time, and the second CPU does not sit idle. Each one's
+# output goes to build-fuzz/<target>.log, and its end is printed in order.
+pids=()
 for t in "${targets[@]}"; do
   mkdir -p "$build/corpus/$t" "$build/crashers/$t"
-  echo "== $t for ${secs}s"
-  if ! (cd "$build/crashers/$t" && "$build/fuzz/$t" -max_total_time="$secs" -timeout=10 \
-        -rss_limit_mb=2048 -print_final_stats=1 \
-        "$build/corpus/$t" "$here/corpus/$t" 2>&1 | tail -n 25); then
-    status=1
-  fi
+  (cd "$build/crashers/$t" && "$build/fuzz/$t" -max_total_time="$secs" -timeout=10 \
+     -rss_limit_mb=2048 -print_final_stats=1 \
+     "$build/corpus/$t" "$here/corpus/$t" >"$build/$t.log" 2>&1) &
+  pids+=($!)
+done
+status=0
+for i in "${!targets[@]}"; do
+  t=${targets[$i]}
+  rc=0
+  wait "${pids[$i]}" || rc=$?
+  echo "== $t for ${secs}s (exit $rc)"
+  tail -n 25 "$build/$t.log"
+  ((rc == 0)) || status=1
 done
 exit $status
