@@ -46,20 +46,29 @@ namespace {
 // the socket, the sender while it encrypts except while Push waits for the
 // socket, and neither waits on anything else holding it. A KeyUpdate from
 // the client (GnuTLS clients send one every 2^24 records) is then processed
-// while no record is being encrypted. Updates of our own keys cannot be made
-// safe that way (GnuTLS picks the read epoch before Pull waits for a record
-// and decrypts it after: a tls_key_update_test run broke the stream), so
-// GnuTLS does not rekey on its own here (GNUTLS_NO_AUTO_REKEY), and a
-// client's request for our update is not answered: gnutls_record_cork
-// drops the plan GnuTLS makes for it.
+// while no record is being encrypted.
+//
+// An update of our own keys copies the read sequence number the same way,
+// and GnuTLS picks the read epoch before Pull waits for a record and
+// decrypts with it after, so it is safe only while the reader is outside
+// gnutls_record_recv (a tls_key_update_test run broke the stream when
+// GnuTLS rekeyed on its own). So GnuTLS does not (GNUTLS_NO_AUTO_REKEY):
+// the reader waits for the next bytes outside gnutls_record_recv, and the
+// sender renews its keys at the start of an Encrypt that finds the reader
+// there, after rekey_records records under one key, or when the client
+// asked for it (its KeyUpdate's update_requested; gnutls_record_cork drops
+// the plan GnuTLS makes for that). Until such a moment the old keys stay:
+// with the reader mid-record for long (a client stalled inside a record),
+// the renewal waits.
 class TlsTransport final : public Transport {
  public:
   TlsTransport(int in_fd, int out_fd, int cancel_fd,
-               std::shared_ptr<const TlsCredentials> creds)
+               std::shared_ptr<const TlsCredentials> creds, uint64_t rekey_records)
       : in_fd_(in_fd),
         out_fd_(out_fd),
         cancel_fd_(cancel_fd),
         creds_(std::move(creds)),
+        rekey_records_(rekey_records),
         out_pipe_(!IsSocket(out_fd)) {}
   ~TlsTransport() override {
     if (!session_) return;
@@ -92,6 +101,14 @@ class TlsTransport final : public Transport {
   static ssize_t Pull(gnutls_transport_ptr_t p, void* data, size_t size);
   static int PullTimeout(gnutls_transport_ptr_t p, unsigned int ms);
   static ssize_t Push(gnutls_transport_ptr_t p, const giovec_t* iov, int count);
+  // Reads what has arrived into in_buf_ (at least a byte, waiting for it
+  // while watching the cancel descriptor). Reader only.
+  Status Fill();
+  // A KeyUpdate's hook: notes a client's request for ours (update_due_).
+  static int OnKeyUpdate(gnutls_session_t session, unsigned htype, unsigned when,
+                         unsigned incoming, const gnutls_datum_t* msg);
+  // Renews the sending keys when due and safe (class comment); in Encrypt.
+  Status MaybeRekey();
   // Sends what out_buf_ holds: all of it (block), or what the socket
   // takes now.
   Status FlushOut(bool block);
@@ -108,11 +125,13 @@ class TlsTransport final : public Transport {
   const int out_fd_;
   const int cancel_fd_;
   const std::shared_ptr<const TlsCredentials> creds_;
+  const uint64_t rekey_records_;   // 0: never renew our keys
   gnutls_session_t session_ = nullptr;
   bool established_ = false;
   bool cancelled_ = false;         // reader only: Pull saw the cancel descriptor
   std::mutex session_mu_;          // the session is one thread's (class comment)
-  bool reading_ = false;           // reader only: inside gnutls_record_recv, holding it
+  bool reading_ = false;           // inside gnutls_record_recv (guarded by session_mu_)
+  bool update_due_ = false;        // the client asked for our KeyUpdate (session_mu_)
   std::vector<uint8_t> in_buf_;    // reader only: [in_pos_, in_end_) not yet pulled
   size_t in_pos_ = 0;
   size_t in_end_ = 0;
@@ -125,33 +144,71 @@ class TlsTransport final : public Transport {
   std::atomic<bool> closing_{false};  // Push must not block any more
 };
 
+Status TlsTransport::Fill() {
+  if (in_buf_.empty()) in_buf_.resize(kInBuffer);
+  // What has arrived, up to kInBuffer: fd_io's read takes queued bytes
+  // without a poll, and otherwise waits watching the cancel descriptor.
+  Result<size_t> got = nbd::ReadAtLeast(in_fd_, in_buf_, 1, cancel_fd_);
+  if (!got.has_value()) {
+    if (got.error().code() == Code::kBusy) cancelled_ = true;
+    return got.error();
+  }
+  in_pos_ = 0;
+  in_end_ = *got;
+  return Status::Ok();
+}
+
 ssize_t TlsTransport::Pull(gnutls_transport_ptr_t p, void* data, size_t size) {
   auto* t = static_cast<TlsTransport*>(p);
   if (t->in_pos_ == t->in_end_) {
-    if (t->in_buf_.empty()) t->in_buf_.resize(kInBuffer);
-    // What has arrived, up to kInBuffer: fd_io's read takes queued bytes
-    // without a poll, and otherwise waits watching the cancel descriptor
-    // (the sender may have the session meanwhile).
+    // Mid-record (or in the handshake): the sender may have the session
+    // while this waits.
     if (t->reading_) t->session_mu_.unlock();
-    Result<size_t> got = nbd::ReadAtLeast(t->in_fd_, t->in_buf_, 1, t->cancel_fd_);
+    Status st = t->Fill();
     if (t->reading_) t->session_mu_.lock();
-    if (!got.has_value()) {
-      if (got.error().code() == Code::kNotFound) return 0;  // end of stream
-      int e = got.error().error_number() ? got.error().error_number() : EIO;
-      if (got.error().code() == Code::kBusy) {
-        t->cancelled_ = true;
-        e = ECANCELED;
-      }
+    if (!st.ok()) {
+      if (st.code() == Code::kNotFound) return 0;  // end of stream
+      int e = st.error_number() ? st.error_number() : EIO;
+      if (st.code() == Code::kBusy) e = ECANCELED;
       gnutls_transport_set_errno(t->session_, e);
       return -1;
     }
-    t->in_pos_ = 0;
-    t->in_end_ = *got;
   }
   const size_t n = std::min(size, t->in_end_ - t->in_pos_);
   std::memcpy(data, t->in_buf_.data() + t->in_pos_, n);
   t->in_pos_ += n;
   return ssize_t(n);
+}
+
+int TlsTransport::OnKeyUpdate(gnutls_session_t session, unsigned, unsigned, unsigned incoming,
+                              const gnutls_datum_t* msg) {
+  // KeyUpdate's body is one byte: 1 is update_requested (RFC 8446 4.6.3).
+  // Called by the reader inside gnutls_record_recv, holding session_mu_.
+  if (incoming && msg && msg->size >= 1 && msg->data[0] == 1) {
+    static_cast<TlsTransport*>(gnutls_session_get_ptr(session))->update_due_ = true;
+  }
+  return 0;
+}
+
+Status TlsTransport::MaybeRekey() {
+  if (reading_ || gnutls_protocol_get_version(session_) != GNUTLS_TLS1_3) return Status::Ok();
+  bool due = update_due_;
+  if (!due && rekey_records_ > 0) {
+    unsigned char seq[8];
+    if (gnutls_record_get_state(session_, /*read=*/0, nullptr, nullptr, nullptr, seq) < 0)
+      return Status::Ok();
+    uint64_t sent = 0;
+    for (unsigned char b : seq) sent = sent << 8 | b;
+    due = sent >= rekey_records_;
+  }
+  if (!due) return Status::Ok();
+  int r;
+  do {
+    r = gnutls_session_key_update(session_, 0);
+  } while (r == GNUTLS_E_AGAIN || r == GNUTLS_E_INTERRUPTED);
+  if (r < 0) return Status(Code::kIoError, "TLS: key update: " + GnutlsMessage(r));
+  update_due_ = false;
+  return Status::Ok();
 }
 
 int TlsTransport::PullTimeout(gnutls_transport_ptr_t p, unsigned int ms) {
@@ -241,6 +298,9 @@ Status TlsTransport::Start(bool verify_peer, std::vector<std::string>* names) {
   gnutls_transport_set_pull_function(session_, Pull);
   gnutls_transport_set_pull_timeout_function(session_, PullTimeout);
   gnutls_transport_set_vec_push_function(session_, Push);
+  gnutls_session_set_ptr(session_, this);
+  gnutls_handshake_set_hook_function(session_, GNUTLS_HANDSHAKE_KEY_UPDATE, GNUTLS_HOOK_POST,
+                                     OnKeyUpdate);
   // The server's handshake timeout cuts the socket; GnuTLS keeps none.
   gnutls_handshake_set_timeout(session_, GNUTLS_INDEFINITE_TIMEOUT);
   do {
@@ -308,6 +368,15 @@ Status TlsTransport::ReadError(int r, size_t done) const {
 Result<size_t> TlsTransport::ReadAtLeast(std::span<uint8_t> buf, size_t min) {
   size_t done = 0;
   while (done < min || (done < buf.size() && gnutls_record_check_pending(session_) > 0)) {
+    // Nothing buffered: wait for the next bytes here, outside
+    // gnutls_record_recv, where the sender may renew its keys.
+    if (in_pos_ == in_end_ && gnutls_record_check_pending(session_) == 0) {
+      if (Status st = Fill(); !st.ok()) {
+        if (st.code() == Code::kNotFound) return ReadError(0, done);
+        if (cancelled_) return ReadError(GNUTLS_E_PULL_ERROR, done);
+        return Status(Code::kIoError, "TLS: read: " + st.message(), st.error_number());
+      }
+    }
     std::unique_lock<std::mutex> lock(session_mu_);
     reading_ = true;
     const ssize_t n = gnutls_record_recv(session_, buf.data() + done, buf.size() - done);
@@ -336,6 +405,7 @@ Status TlsTransport::Encrypt(std::span<const iovec> iov, bool stream) {
     TlsTransport* t;
     ~Unbuffer() { t->buffering_ = false; }
   } unbuffer{this};
+  TD_RETURN_IF_ERROR(MaybeRekey());  // its KeyUpdate goes through Push, first
   gnutls_record_cork(session_);
   for (const iovec& v : iov) {
     const auto* p = static_cast<const uint8_t*>(v.iov_base);
@@ -442,7 +512,8 @@ Status TlsServer::Reload() {
 Result<std::unique_ptr<Transport>> TlsServer::Handshake(int in_fd, int out_fd,
                                                         int cancel_fd) const {
   const State state = Current();
-  auto t = std::make_unique<TlsTransport>(in_fd, out_fd, cancel_fd, state.creds);
+  auto t = std::make_unique<TlsTransport>(in_fd, out_fd, cancel_fd, state.creds,
+                                          settings_.rekey_records);
   std::vector<std::string> names;
   TD_RETURN_IF_ERROR(t->Start(settings_.verify_peer, &names));
   if (!state.authz->AllowsAny(names)) {

@@ -33,6 +33,7 @@
 // Thread safety: TlsServer's methods may be called from any thread.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,6 +52,11 @@ enum class TlsMode { kOff, kOn, kRequire };
 Result<TlsMode> ParseTlsMode(std::string_view text);
 std::string_view TlsModeName(TlsMode mode);
 
+// Records sent under one TLS 1.3 key before the server renews it: GnuTLS's
+// own interval (2^24), within RFC 8446's limit for AES-GCM (5.5: 2^24.5
+// full-size records), about 256 GiB of replies.
+inline constexpr uint64_t kTlsRekeyRecords = uint64_t{1} << 24;
+
 struct TlsSettings {
   TlsMode mode = TlsMode::kRequire;
   std::string x509_dir;  // --tls-creds DIR
@@ -61,6 +67,9 @@ struct TlsSettings {
   // GnuTLS priority string (--tls-priority; qemu's priority=); empty:
   // kDefaultTlsPriority, plus the PSK key exchanges with a PSK file.
   std::string priority;
+  // TLS 1.3: the server renews its sending keys (KeyUpdate) after this many
+  // records under one key (0: never). Tests set it low.
+  uint64_t rekey_records = kTlsRekeyRecords;
 };
 
 // GnuTLS's defaults, with AES-128-GCM preferred over AES-256-GCM: the
