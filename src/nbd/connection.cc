@@ -102,7 +102,13 @@ Status Connection::Run() {
   }
   WaitIdle();
   StopWriter();
-  if (!s.ok() && s.code() != Code::kNotFound)
+  // Cut by the server's shutdown (its requests drained first): the server's
+  // own doing, no error to warn about. A client that hung up just before
+  // the signal ends here too when the cancel wins the race with its end of
+  // stream (serve.nbdinfo saw it on a loaded machine).
+  const bool cut_at_shutdown =
+      s.code() == Code::kBusy && shutting_down_ != nullptr && shutting_down_->load();
+  if (!s.ok() && s.code() != Code::kNotFound && !cut_at_shutdown)
     Log("nbd: connection ended: " + s.message());
   return s.code() == Code::kNotFound ? Status::Ok() : s;
 }
