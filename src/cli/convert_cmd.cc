@@ -156,6 +156,7 @@ class Converter {
     std::atomic<bool> failed{false};
     std::mutex error_mu;
     Status first_error;
+    uint64_t reported = 0;  // source bytes told to the write-back (this thread's)
     auto work = [&](bool report) {
       std::vector<uint8_t> buf(buf_bytes);
       for (uint64_t r; !failed.load() && (r = next_run.fetch_add(1)) < runs;) {
@@ -168,7 +169,7 @@ class Converter {
           failed = true;
         }
         done_bytes += end - begin;
-        if (report) progress_.Update(done_bytes.load(), size);
+        if (report) Report(done_bytes.load(), size, reported);
       }
     };
     std::vector<std::thread> helpers;
@@ -176,6 +177,15 @@ class Converter {
     work(true);
     for (std::thread& t : helpers) t.join();
     return first_error;
+  }
+
+  // Draws the progress and tells the write-back what was written since the
+  // last call. Compressed output is smaller than the source bytes counted
+  // here, so its syncs come every few MiB of file rather than every 4.
+  void Report(uint64_t done, uint64_t size, uint64_t& reported) {
+    progress_.Update(done, size);
+    if (writeback_ != nullptr) writeback_->Wrote(done - reported);
+    reported = done;
   }
 
   // One run of the source as CopyPlain's readers fetch it: its extents in
