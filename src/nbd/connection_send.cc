@@ -7,25 +7,14 @@
 #include <vector>
 
 #include "nbd/connection.h"
+#include "nbd/fd_io.h"
 
 namespace thindisk::nbd {
 namespace {
 
 // Skips `n` bytes at the front of `iov` (bytes a partial send already took).
 void AdvanceIov(std::vector<iovec>* iov, size_t n) {
-  size_t first = 0;
-  while (n > 0 && first < iov->size()) {
-    iovec& v = (*iov)[first];
-    if (n >= v.iov_len) {
-      n -= v.iov_len;
-      ++first;
-    } else {
-      v.iov_base = static_cast<uint8_t*>(v.iov_base) + n;
-      v.iov_len -= n;
-      n = 0;
-    }
-  }
-  iov->erase(iov->begin(), iov->begin() + ptrdiff_t(first));
+  iov->erase(iov->begin(), iov->begin() + ptrdiff_t(SkipIov(*iov, n)));
 }
 
 size_t IovBytes(const std::vector<iovec>& iov) {

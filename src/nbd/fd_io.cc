@@ -103,19 +103,25 @@ Status WriteAllV(int fd, std::span<const iovec> iov_in) {
       if (errno == EINTR || errno == EAGAIN) continue;
       return Status::FromErrno(errno, "write");
     }
-    size_t left = size_t(n);
-    while (left > 0 && first < iov.size()) {
-      if (left >= iov[first].iov_len) {
-        left -= iov[first].iov_len;
-        ++first;
-      } else {
-        iov[first].iov_base = static_cast<uint8_t*>(iov[first].iov_base) + left;
-        iov[first].iov_len -= left;
-        left = 0;
-      }
-    }
+    first += SkipIov(std::span<iovec>(iov).subspan(first), size_t(n));
   }
   return Status::Ok();
+}
+
+size_t SkipIov(std::span<iovec> iov, size_t n) {
+  size_t first = 0;
+  while (n > 0 && first < iov.size()) {
+    iovec& v = iov[first];
+    if (n >= v.iov_len) {
+      n -= v.iov_len;
+      ++first;
+    } else {
+      v.iov_base = static_cast<uint8_t*>(v.iov_base) + n;
+      v.iov_len -= n;
+      n = 0;
+    }
+  }
+  return first;
 }
 
 Result<size_t> TrySendV(int fd, std::span<const iovec> iov) {
