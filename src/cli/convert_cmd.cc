@@ -59,7 +59,7 @@ constexpr size_t kMaxCompressThreads = 8;
 
 class Converter {
  public:
-  // `writeback` (optional) is told what each plain copy step wrote.
+  // `writeback` (optional) is told what each copy step wrote.
   Converter(block::Device& src, block::Device& dst, bool target_has_backing, Progress& progress,
             BackgroundWriteback* writeback)
       : src_(src),
