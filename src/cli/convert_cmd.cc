@@ -179,9 +179,10 @@ class Converter {
     return first_error;
   }
 
-  // Draws the progress and tells the write-back what was written since the
-  // last call. Compressed output is smaller than the source bytes counted
-  // here, so its syncs come every few MiB of file rather than every 4.
+  // Draws the progress and tells the write-back how many source bytes were
+  // done since the last call, standing in for the bytes written: compressed
+  // output is smaller (and skipped holes write nothing), so its syncs come
+  // more often than every 4 MiB of file.
   void Report(uint64_t done, uint64_t size, uint64_t& reported) {
     progress_.Update(done, size);
     if (writeback_ != nullptr) writeback_->Wrote(done - reported);

@@ -32,12 +32,12 @@ Result<size_t> ReadAtLeast(int fd, std::span<uint8_t> buf, size_t min, int cance
 
 // Writes every byte of every iovec, resuming after partial writes.
 Status WriteAllV(int fd, std::span<const iovec> iov);
+Status WriteAll(int fd, std::span<const uint8_t> buf);
 
 // Moves past the first `n` bytes of `iov` (a partial write's share): the
 // iovecs they cover whole are passed over, and the one they end inside
 // starts after them. Returns how many iovecs were passed over.
 size_t SkipIov(std::span<iovec> iov, size_t n);
-Status WriteAll(int fd, std::span<const uint8_t> buf);
 
 // Sends what the socket takes now without blocking (MSG_DONTWAIT): returns
 // the bytes sent, 0 when the socket is full; kNotSupported when `fd` is not
