@@ -7,8 +7,9 @@
 
 #include "bench/scratch.h"
 #include "block/open.h"
+#include "io/ceph_module.h"
+#include "io/rados_header.h"
 #include "io/rados_name.h"
-#include "io/rados_storage.h"
 
 namespace thindisk::bench {
 namespace {
@@ -21,7 +22,7 @@ class PoolScratch final : public Scratch {
   // What failed to go earlier gets one more try; nothing to report from here.
   ~PoolScratch() override {
     if (keep_) return;
-    for (const std::string& key : made_) (void)io::RemoveRados(Name(key));
+    for (const std::string& key : made_) (void)io::ceph_module::RemoveRados(Name(key));
   }
 
   std::string Name(const std::string& key) const override {
@@ -33,12 +34,12 @@ class PoolScratch final : public Scratch {
   // with the overlay's conf and id (block/open.h).
   std::string BackingName(const std::string& key) const override { return prefix_ + key; }
 
-  // As `thindisk create rados://...` makes it (io::CreateRadosFormatted):
+  // As `thindisk create rados://...` makes it (io::ceph_module::CreateRadosFormatted):
   // an image that exists is refused, never overwritten; a failure after the
   // header removes the image again.
   Status CreateImage(const std::string& key,
                      const qcow2::CreateOptions& layout) override {
-    TD_RETURN_IF_ERROR(io::CreateRadosFormatted(
+    TD_RETURN_IF_ERROR(io::ceph_module::CreateRadosFormatted(
         Name(key), uint64_t(1) << io::RadosHeader::kDefaultObjectOrder,
         [&](io::Storage& storage) { return qcow2::Create(storage, layout); }));
     made_.insert(key);
@@ -60,7 +61,7 @@ class PoolScratch final : public Scratch {
 
   void Remove(const std::string& key) override {
     if (keep_) return;
-    Status s = io::RemoveRados(Name(key));
+    Status s = io::ceph_module::RemoveRados(Name(key));
     if (s.ok() || s.code() == Code::kNotFound) made_.erase(key);
   }
 

@@ -8,10 +8,9 @@
 #include <vector>
 
 #include "block/read_only_image.h"
+#include "io/ceph_module.h"
 #include "io/rados_name.h"
-#include "io/rados_storage.h"
 #include "io/rbd_name.h"
-#include "io/rbd_storage.h"
 #include "nbdclient/nbd_storage.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/format.h"
@@ -267,8 +266,8 @@ Result<std::string> ProbeFormat(const std::string& filename) {
 Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
                                                  const io::OpenOptions& options) {
   if (nbdclient::IsNbdUri(name)) return nbdclient::OpenNbd(name, options.read_only);
-  if (io::IsRadosName(name)) return io::OpenRados(name, options);
-  if (io::IsRbdName(name)) return io::OpenRbd(name, options);
+  if (io::IsRadosName(name)) return io::ceph_module::OpenRados(name, options);
+  if (io::IsRbdName(name)) return io::ceph_module::OpenRbd(name, options);
   auto file = io::OpenFile(name, options);
   if (!file.has_value() && file.error().error_number() == ENOENT) {
     return MissingImage(ENOENT, name);

@@ -4,8 +4,9 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "io/ceph_module.h"
+#include "io/rados_header.h"
 #include "io/rados_name.h"
-#include "io/rados_storage.h"
 #include "io/rbd_name.h"
 #include "nbdclient/export_file.h"
 #include "nbdclient/nbd_uri.h"
@@ -43,7 +44,7 @@ Status CreateRadosImage(const std::string& name, const CreatePlan& plan) {
                                    std::to_string(plan.qcow2.cluster_size));
   }
   std::string warning;
-  Status made = io::CreateRadosFormatted(
+  Status made = io::ceph_module::CreateRadosFormatted(
       name, object_size, [&](io::Storage& storage) { return WriteImage(storage, plan, &warning); });
   if (made.code() == Code::kBusy) {
     return Status(Code::kBusy, made.message() + " (remove it first: thindisk rm " + name + ")",
@@ -193,7 +194,7 @@ Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
 
 void RemoveCreatedImage(const std::string& filename) {
   if (io::IsRadosName(filename)) {
-    (void)io::RemoveRados(filename);
+    (void)io::ceph_module::RemoveRados(filename);
   } else if (!block::IsUriName(filename)) {
     ::unlink(filename.c_str());
   }

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cli/common.h"
-#include "io/rados_lock.h"
+#include "io/ceph_module.h"
 #include "io/rados_name.h"
 
 namespace thindisk::cli {
@@ -72,12 +72,12 @@ class LockCommand final : public Subcommand {
     }
     if (ls_->parsed()) {
       TD_ASSIGN_OR_RETURN(std::vector<io::RadosLocker> lockers,
-                          io::ListRadosLockers(image_));
+                          io::ceph_module::ListRadosLockers(image_));
       PrintLockers(lockers, output_ == "json");
       return Outcome::kSuccess;
     }
     TD_ASSIGN_OR_RETURN(std::vector<io::RadosLocker> broken,
-                        io::BreakRadosLock(image_, force_));
+                        io::ceph_module::BreakRadosLock(image_, force_));
     if (!quiet_) {
       if (broken.empty()) std::printf("%s: the lock is free\n", image_.c_str());
       for (const io::RadosLocker& l : broken) {

@@ -13,10 +13,8 @@
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_summary.h"
-#include "io/rados_cluster.h"
-#include "io/rados_lock.h"
+#include "io/ceph_module.h"
 #include "io/rados_name.h"
-#include "io/rados_storage.h"
 
 namespace thindisk::cli {
 namespace {
@@ -51,16 +49,17 @@ class LsCommand final : public Subcommand {
   Result<Outcome> Run() override {
     TD_ASSIGN_OR_RETURN(io::RadosName pool, io::ParseRadosPool(pool_));
     // Held for the whole listing, so each probe below reuses one connection.
-    TD_ASSIGN_OR_RETURN(std::shared_ptr<io::RadosCluster> connection,
-                        io::RadosCluster::Get(pool));
-    TD_ASSIGN_OR_RETURN(std::vector<io::RadosImageEntry> entries, io::ListRados(pool_));
+    TD_ASSIGN_OR_RETURN(std::shared_ptr<void> connection,
+                        io::ceph_module::HoldCluster(pool_));
+    TD_ASSIGN_OR_RETURN(std::vector<io::RadosImageEntry> entries,
+                        io::ceph_module::ListRados(pool_));
     std::vector<Row> rows;
     for (io::RadosImageEntry& e : entries) {
       io::RadosName name = pool;
       name.image = e.name;
       auto summary = ReadImageSummary(name.Uri(), "");
       if (!summary) PrintWarning(summary.error().message());
-      auto lockers = io::ListRadosLockers(name.Uri());
+      auto lockers = io::ceph_module::ListRadosLockers(name.Uri());
       if (!lockers) PrintWarning(lockers.error().message());
       rows.push_back({std::move(e),
                       summary ? std::optional(std::move(*summary)) : std::nullopt,

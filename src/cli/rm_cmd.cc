@@ -1,5 +1,5 @@
 // thindisk rm: removes images. A rados:// image is a header object and its
-// data objects (io::RemoveRados: the cost grows with what was written, never
+// data objects (io::ceph_module::RemoveRados: the cost grows with what was written, never
 // with the virtual size); a local file is unlinked, but only while no other
 // process has it open as an image (qemu's image lock, as every writer
 // takes), so a running VM's disk is refused rather than pulled away.
@@ -13,8 +13,8 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "io/ceph_module.h"
 #include "io/rados_name.h"
-#include "io/rados_storage.h"
 #include "io/rbd_name.h"
 
 namespace thindisk::cli {
@@ -54,7 +54,7 @@ class RmCommand final : public Subcommand {
 
  private:
   static Status Remove(const std::string& image) {
-    if (io::IsRadosName(image)) return io::RemoveRados(image);
+    if (io::IsRadosName(image)) return io::ceph_module::RemoveRados(image);
     if (io::IsRbdName(image)) {
       return Status::InvalidArgument(image + ": an RBD image is removed with rbd rm");
     }

@@ -30,7 +30,7 @@
 #include "cli/serve_open.h"
 #include "cli/serve_options.h"
 #include "cli/serve_tls.h"
-#include "io/rados_lock.h"
+#include "io/ceph_module.h"
 #include "nbd/server.h"
 
 #ifndef THINDISK_VERSION
@@ -424,7 +424,7 @@ class ServeCommand final : public Subcommand {
       if (so.handle_signals) AcceptHandOvers(names.size());
     };
     Status served = nbd::RunServer(so, std::move(exports));
-    io::SetRadosReleaseHandler(nullptr);
+    io::ceph_module::SetRadosReleaseHandler(nullptr);
     if (wrote_pid) ::unlink(pid_file_.c_str());
     TD_RETURN_IF_ERROR(pid_status);
     TD_RETURN_IF_ERROR(served);
@@ -439,7 +439,7 @@ class ServeCommand final : public Subcommand {
   // server's own handler turns into a graceful stop.
   void AcceptHandOvers(size_t exports) const {
     const bool quiet = quiet_;
-    io::SetRadosReleaseHandler([exports, quiet](const std::string& uri) {
+    io::ceph_module::SetRadosReleaseHandler([exports, quiet](const std::string& uri) {
       if (exports != 1) {
         if (!quiet) {
           PrintWarning(uri + ": refused to hand the image over: this server has other exports");

@@ -136,10 +136,6 @@ Status Fence(RadosCluster& cluster, librados::IoCtx& io, const std::string& uri,
 
 }  // namespace
 
-std::string RadosLocker::ToString() const {
-  return client + " at " + address + " (" + cookie + ")";
-}
-
 // Answers notifies (so a notifier never waits for its timeout) and reports
 // a failed watch to the lock's helper thread.
 class RadosLock::Watcher final : public librados::WatchCtx2 {

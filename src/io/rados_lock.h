@@ -52,6 +52,7 @@
 #include <thread>
 #include <vector>
 
+#include "io/ceph_module.h"
 #include "io/rados_cluster.h"
 #include "util/result.h"
 
@@ -59,22 +60,7 @@ namespace thindisk::io {
 
 inline constexpr const char* kRadosLockName = "thindisk";
 
-// One holder of an image's lock.
-struct RadosLocker {
-  std::string client;     // "client.4123"
-  std::string cookie;     // the holder's open: "pid 77 on host vm1 (<16 hex>)"
-  std::string address;    // "127.0.0.1:0/2718281828" (what is blocklisted)
-  bool watching = false;  // its client has a watch on the header: alive
-
-  // "client.4123 at ADDRESS (COOKIE)".
-  std::string ToString() const;
-};
-
-// What a process does when another asks for one of its images
-// (`uri`, "rados://POOL/IMAGE"): true when it will release it soon (it must
-// not block: it runs on a librados thread), false to refuse. One handler
-// per process; nullptr (the default) refuses every request.
-using RadosReleaseHandler = std::function<bool(const std::string& uri)>;
+// RadosLocker and RadosReleaseHandler: io/ceph_module.h.
 void SetRadosReleaseHandler(RadosReleaseHandler handler);
 
 class RadosLock {

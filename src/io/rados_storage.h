@@ -67,6 +67,7 @@
 #include <string>
 #include <vector>
 
+#include "io/ceph_module.h"
 #include "io/rados_cluster.h"
 #include "io/rados_header.h"
 #include "io/rados_lock.h"
@@ -107,15 +108,6 @@ Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
 // objects, else one listing of the pool: it grows with what was written,
 // never with the virtual size. kNotFound when there is no such image.
 Status RemoveRados(const std::string& name);
-
-// One image found in a pool by ListRados.
-struct RadosImageEntry {
-  std::string name;  // the image's name in the pool (rados://POOL/name)
-  // The stored image file's byte size as its header says (durable at the
-  // last flush): a qcow2 image's file size, not its virtual size.
-  uint64_t size = 0;
-  uint64_t object_size = 0;
-};
 
 // The thindisk images in pool `pool` (rados://POOL[?conf=..&id=..]), by
 // name: one listing of the pool and one header read per image. Objects

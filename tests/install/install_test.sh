@@ -2,6 +2,8 @@
 # `cmake --install` of the already-built tree, judged as an operator meets it
 # (dist/CMakeLists.txt is the layout):
 #   1. the binary, and nothing else in bin/ (no test or bench programs);
+#      its Ceph module under lib*/thindisk/, which the installed binary
+#      loads from there (LD_DEBUG=files) when a rados:// name needs it;
 #   2. a man page per subcommand `thindisk --help` lists, plus thindisk(1),
 #      each formatting without a groff warning, found by man(1) under the
 #      prefix, and naming every option SUB --help prints;
@@ -36,6 +38,17 @@ cmp -s "$BIN" "$TD" || fail "$BIN differs from the built $TD"
 assert_eq "thindisk" "$(find "$PREFIX/bin" -mindepth 1 -printf '%f\n')" "the programs installed in bin/"
 VERSION=$("$BIN" --version | awk '{ print $NF }')
 [[ -n $VERSION ]] || fail "$BIN --version printed no version"
+
+# The Ceph module, where the installed binary looks for it (src/io/ceph_module.h),
+# loaded from there, not from the build tree.
+MODULE=$(find "$PREFIX" -name thindisk-ceph.so)
+[[ $MODULE == "$PREFIX"/lib*/thindisk/thindisk-ceph.so ]] ||
+  fail "want one lib*/thindisk/thindisk-ceph.so under $PREFIX, found: ${MODULE:-none}"
+LD_DEBUG=files LD_DEBUG_OUTPUT=$TMP/ld "$BIN" info "rados://p/i?conf=$TMP/none.conf" \
+  >module.out 2>module.err && fail "info of a rados:// image with no ceph.conf succeeded"
+grep -q "read ceph.conf ($TMP/none.conf" module.err || fail "the module did not run: $(cat module.err)"
+grep -q "file=$MODULE " "$TMP"/ld.* || fail "$BIN did not load $MODULE: $(grep -h thindisk-ceph "$TMP"/ld.*)"
+rm -f "$TMP"/ld.*
 
 # ---- 2. Man pages -----------------------------------------------------------
 MANDIR=$PREFIX/share/man/man1
@@ -102,6 +115,8 @@ DESTDIR=$TMP/stage "$CMAKE" --install "$BUILD_DIR" --prefix /usr/local >stage.lo
 staged=$TMP/stage/usr/local/lib/systemd/system/thindisk-serve@.service
 grep -qx 'ExecStart=/usr/local/bin/thindisk .*' "$staged" || fail "$staged does not run /usr/local/bin/thindisk"
 [[ -x $TMP/stage/usr/local/bin/thindisk ]] || fail "DESTDIR install has no usr/local/bin/thindisk"
+compgen -G "$TMP/stage/usr/local/lib*/thindisk/thindisk-ceph.so" >/dev/null ||
+  fail "DESTDIR install has no usr/local/lib*/thindisk/thindisk-ceph.so"
 rm -rf "$TMP/stage"
 
 # systemd-analyze verify, where it works without systemd as PID 1: probed

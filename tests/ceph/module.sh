@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# The Ceph module (src/io/ceph_module.h): thindisk maps librados and librbd
+# only when a Ceph name needs them, and without its module it still does
+# everything else, refusing Ceph names with the reason.
+#   1. the binary does not link librados, librbd or libceph-common (ldd);
+#   2. work on local images (create, io, convert, info) never loads the
+#      module (glibc's LD_DEBUG=files lists every object loaded); a
+#      rados:// name loads it, from next to the built binary;
+#   3. with THINDISK_MODULE_DIR naming an empty directory the same local
+#      work succeeds and gives the same bytes (qemu-img compare), while
+#      rados:// and rbd: names, rm, ls and lock fail with exit 1 naming
+#      where the module was looked for; a directory whose
+#      thindisk-ceph.so is not an ELF file, not thindisk's module, or a
+#      module of another build (a stand-in compiled here that answers with
+#      another ABI number) is an error naming the file, and leaves the
+#      pool's image alone;
+#   4. with the module, the same commands work on the test cluster.
+#
+# Needs the test cluster (CEPH_CONF; ctest starts it: tests/ceph/fixture.sh).
+source "$(dirname "$0")/../interop/lib.sh"
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+
+require_thindisk
+require_tool "$QEMU_IMG" ldd rados cc
+[[ ,${THINDISK_TEST_DENY:-}, != *,ceph,* ]] || skip_or_fail "ceph denied by THINDISK_TEST_DENY"
+[[ -n ${CEPH_CONF:-} && -r ${CEPH_CONF:-} ]] ||
+  skip_or_fail "no test cluster: CEPH_CONF='${CEPH_CONF:-}' (ctest -R rados starts one)"
+
+POOL=thindisk
+TAG=m$$
+img() { echo "rados://$POOL/$TAG-$1"; }
+MODULE=$(dirname "$TD")/thindisk-ceph.so
+[[ -f $MODULE ]] || fail "no module next to the built binary: $MODULE"
+
+# 1. Not linked.
+log "ldd"
+libs=$(ldd "$TD")
+if grep -E 'librados|librbd|libceph' <<<"$libs"; then
+  fail "$TD links the Ceph libraries; they belong to its module"
+fi
+ldd "$MODULE" | grep -q 'librados\.so' || fail "the module does not link librados: $(ldd "$MODULE")"
+
+# loaded OBJECT CMD...: runs CMD under LD_DEBUG=files (stderr to $ERR), and
+# says whether glibc loaded an object whose path contains OBJECT.
+loaded() {
+  local object=$1
+  shift
+  LD_DEBUG=files LD_DEBUG_OUTPUT=$TMP/ld "$@" >"$OUT" 2>"$ERR" || true
+  cat "$TMP"/ld.* >"$TMP/ldlog" 2>/dev/null || true
+  rm -f "$TMP"/ld.*
+  grep -q "file=[^ ]*$object" "$TMP/ldlog"
+}
+
+# 2. Local work leaves it alone; a rados:// name loads it.
+log "loaded on demand"
+td create -f qcow2 local.qcow2 64M
+for cmd in "io -c 'write -P 0x5a 1M 3M' local.qcow2" "info local.qcow2" \
+           "convert -O qcow2 local.qcow2 copy.qcow2" "check copy.qcow2"; do
+  if eval loaded thindisk-ceph.so '"$TD"' "$cmd"; then
+    fail "thindisk $cmd loaded the Ceph module"
+  fi
+  if grep -q "librados" "$TMP/ldlog"; then fail "thindisk $cmd loaded librados"; fi
+done
+ok "$QEMU_IMG" compare local.qcow2 copy.qcow2
+td create -f qcow2 "$(img a)" 16M
+loaded "$MODULE" "$TD" info "$(img a)" || fail "info $(img a) did not load $MODULE: $(cat "$ERR")"
+grep -q "librados" "$TMP/ldlog" || fail "info $(img a) did not load librados"
+
+# 3. Without it.
+log "without the module"
+mkdir empty
+export THINDISK_MODULE_DIR=$TMP/empty
+td convert -O qcow2 local.qcow2 copy2.qcow2
+td info copy2.qcow2
+ok "$QEMU_IMG" compare local.qcow2 copy2.qcow2
+missing="Ceph support is not installed: no thindisk-ceph.so \(looked for $TMP/empty/thindisk-ceph.so\)"
+td_fails "^thindisk: $(img a): $missing" "info of a rados:// image" info "$(img a)"
+td_fails "$missing" "create in a pool" create -f qcow2 "$(img b)" 1G
+td_fails "$missing" "rm of a rados:// image" rm "$(img a)"
+td_fails "$missing" "ls of a pool" ls "rados://$POOL"
+td_fails "$missing" "lock ls of a rados:// image" lock ls "$(img a)"
+td_fails "$missing" "lock break of a rados:// image" lock break "$(img a)"
+td_fails "$missing" "an rbd: image" info "rbd:$POOL/none"
+td_fails "$missing" "a convert into a pool" convert -O qcow2 local.qcow2 "$(img c)"
+rados_ stat "$TAG-b.header" 2>/dev/null && fail "create made $TAG-b without the module"
+
+log "a broken module"
+mkdir notelf notours other
+echo "not a library" >notelf/thindisk-ceph.so
+cp "$(ldd "$TD" | awk '/libz\.so/ { print $3 }')" notours/thindisk-ceph.so
+THINDISK_MODULE_DIR=$TMP/notelf td_fails \
+  "Ceph support cannot be loaded: $TMP/notelf/thindisk-ceph.so: [a-z]" \
+  "a module that is not an ELF file" rm "$(img a)"
+THINDISK_MODULE_DIR=$TMP/notours td_fails \
+  "$TMP/notours/thindisk-ceph.so: not a thindisk Ceph module \(no thindisk_ceph_module\)" \
+  "a library that is not the module" rm "$(img a)"
+# Another build's module: the entry's layout check (io/ceph_module_abi.h:
+# eight uint32 fields, the ABI number first) answers with its own.
+cat >other.c <<'EOF'
+struct layout { unsigned abi, table, status, open_options, image_entry, locker, handler, string; };
+const void* thindisk_ceph_module(const struct layout* caller, struct layout* own) {
+  *own = *caller;
+  own->abi = 999;
+  return 0;
+}
+EOF
+cc -shared -fPIC -o other/thindisk-ceph.so other.c || fail "cc could not build the stand-in module"
+THINDISK_MODULE_DIR=$TMP/other td_fails \
+  "$TMP/other/thindisk-ceph.so: a Ceph module of another thindisk build \(ABI 999, table [0-9]+ bytes; this one needs ABI [0-9]+, table [0-9]+ bytes\)" \
+  "a module of another build" rm "$(img a)"
+rados_ stat "$TAG-a.header" >/dev/null || fail "a failed rm touched $(img a)"
+
+# 4. With it again: the image is whole.
+log "with the module"
+unset THINDISK_MODULE_DIR
+td info "$(img a)"
+td ls "rados://$POOL"
+grep -q "$TAG-a" "$OUT" || fail "ls does not list $TAG-a: $(cat "$OUT")"
+td rm "$(img a)"
+log "pass"
