@@ -41,12 +41,14 @@ if grep -E 'librados|librbd|libceph' <<<"$libs"; then
 fi
 ldd "$MODULE" | grep -q 'librados\.so' || fail "the module does not link librados: $(ldd "$MODULE")"
 
-# loaded OBJECT CMD...: runs CMD under LD_DEBUG=files (stderr to $ERR), and
-# says whether glibc loaded an object whose path contains OBJECT.
+# loaded OBJECT CMD...: runs CMD under LD_DEBUG=files (stderr to $ERR), which
+# must succeed, and says whether glibc loaded an object whose path contains
+# OBJECT.
 loaded() {
-  local object=$1
+  local object=$1 rc=0
   shift
-  LD_DEBUG=files LD_DEBUG_OUTPUT=$TMP/ld "$@" >"$OUT" 2>"$ERR" || true
+  LD_DEBUG=files LD_DEBUG_OUTPUT=$TMP/ld "$@" >"$OUT" 2>"$ERR" || rc=$?
+  ((rc == 0)) || fail "exit $rc from: $* ($(cat "$ERR"))"
   cat "$TMP"/ld.* >"$TMP/ldlog" 2>/dev/null || true
   rm -f "$TMP"/ld.*
   grep -q "file=[^ ]*$object" "$TMP/ldlog"
