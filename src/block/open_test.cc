@@ -144,6 +144,18 @@ TEST_F(OpenTest, MissingFileIsNotFound) {
   EXPECT_NE(dev.error().message().find("nope.qcow2"), std::string::npos);
 }
 
+// A test program of the build tree has no Ceph module beside it; it finds
+// the one the build wrote (io/ceph_module.h, place 4). The error about the
+// missing ceph.conf comes from inside the module, so the module ran.
+TEST_F(OpenTest, CephNamesReachTheModuleFromTheBuildTree) {
+  if (std::getenv("THINDISK_MODULE_DIR")) GTEST_SKIP() << "THINDISK_MODULE_DIR is set";
+  const std::string conf = Path("none.conf");
+  auto dev = Open("rados://pool/image?conf=" + conf, OpenOptions{});
+  ASSERT_FALSE(dev.has_value());
+  EXPECT_NE(dev.error().message().find("read ceph.conf (" + conf), std::string::npos)
+      << dev.error().message();
+}
+
 TEST_F(OpenTest, UnknownFormatIsRefused) {
   WriteFile("x.img", std::vector<uint8_t>(512, 0));
   auto dev = Open(Path("x.img"), Opts("vmdk", false));

@@ -33,14 +33,21 @@ std::vector<std::string> Candidates() {
     return {std::string(dir) + "/" + kModuleFile};
   }
   std::vector<std::string> where;
-  if (std::string exe = ExecutableDir(); !exe.empty()) {
+  const std::string exe = ExecutableDir();
+  if (!exe.empty()) {
     where.push_back(
         std::filesystem::path(exe + "/" THINDISK_MODULE_RELDIR "/" + kModuleFile)
             .lexically_normal()
             .string());
     where.push_back(exe + "/" + kModuleFile);
   }
-  where.push_back(THINDISK_MODULE_BUILD_PATH);
+  // Only for programs inside the build tree: an installed binary must never
+  // load code from where it was built (a build under /tmp would let anyone
+  // plant a module there).
+  const std::string build = THINDISK_MODULE_BUILD_TREE;
+  if (exe == build || exe.starts_with(build + "/")) {
+    where.push_back(THINDISK_MODULE_BUILD_PATH);
+  }
   return where;
 }
 

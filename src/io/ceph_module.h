@@ -18,7 +18,9 @@
 //     installed layout: bin/thindisk, lib/thindisk/thindisk-ceph.so;
 //     dist/CMakeLists.txt);
 //  3. the executable's own directory (the build tree's thindisk);
-//  4. where this build wrote it (test programs in the build tree).
+//  4. where this build wrote it, for programs inside the build tree only
+//     (test programs in its subdirectories): an installed binary never
+//     looks into the tree it was built in.
 // A module that is found but fails to load (librados missing, another
 // build's module) is an error, not a reason to look further.
 //

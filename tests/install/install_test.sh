@@ -3,7 +3,8 @@
 # (dist/CMakeLists.txt is the layout):
 #   1. the binary, and nothing else in bin/ (no test or bench programs);
 #      its Ceph module under lib*/thindisk/, which the installed binary
-#      loads from there (LD_DEBUG=files) when a rados:// name needs it;
+#      loads from there (LD_DEBUG=files) when a rados:// name needs it,
+#      and without which it never looks into the build tree;
 #   2. a man page per subcommand `thindisk --help` lists, plus thindisk(1),
 #      each formatting without a groff warning, found by man(1) under the
 #      prefix, and naming every option SUB --help prints;
@@ -49,6 +50,15 @@ LD_DEBUG=files LD_DEBUG_OUTPUT=$TMP/ld "$BIN" info "rados://p/i?conf=$TMP/none.c
 grep -q "read ceph.conf ($TMP/none.conf" module.err || fail "the module did not run: $(cat module.err)"
 grep -q "file=$MODULE " "$TMP"/ld.* || fail "$BIN did not load $MODULE: $(grep -h thindisk-ceph "$TMP"/ld.*)"
 rm -f "$TMP"/ld.*
+# Without it, the installed binary says so; it never falls back on the
+# build tree's module (a build under /tmp would let anyone plant one).
+mv "$MODULE" "$MODULE.off"
+"$BIN" info "rados://p/i?conf=$TMP/none.conf" >module.out 2>module.err &&
+  fail "info of a rados:// image without the installed module succeeded"
+grep -q "Ceph support is not installed: no thindisk-ceph.so (looked for $MODULE, " module.err ||
+  fail "without its module: $(cat module.err)"
+! grep -F "$BUILD_DIR" module.err || fail "the installed binary looked into the build tree"
+mv "$MODULE.off" "$MODULE"
 
 # ---- 2. Man pages -----------------------------------------------------------
 MANDIR=$PREFIX/share/man/man1
