@@ -1,8 +1,9 @@
 // thindisk rm: removes images. A rados:// image is a header object and its
-// data objects (io::ceph_module::RemoveRados: the cost grows with what was written, never
-// with the virtual size); a local file is unlinked, but only while no other
-// process has it open as an image (qemu's image lock, as every writer
-// takes), so a running VM's disk is refused rather than pulled away.
+// data objects (io::ceph_module::RemoveRados: the cost grows with what was
+// written, never with the virtual size); a local file is unlinked, but only
+// while no other process has it open as an image (qemu's image lock, as
+// every writer takes), so a running VM's disk is refused rather than pulled
+// away.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>

@@ -79,11 +79,11 @@ Result<const ModuleTable*> Open() {
                                   std::string(kModuleEntry) + ")");
     }
     ModuleLayout theirs;
-    const ModuleTable* table = entry(ExpectedLayout(), &theirs);
+    const ModuleTable* table = entry(ModuleLayout{}, &theirs);
     if (!table) {
       return Status::NotSupported(path + ": a Ceph module of another thindisk build (" +
                                   Describe(theirs) + "; this one needs " +
-                                  Describe(ExpectedLayout()) + ")");
+                                  Describe(ModuleLayout{}) + ")");
     }
     return table;
   }

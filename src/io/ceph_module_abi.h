@@ -20,21 +20,6 @@ namespace thindisk::io::ceph_module {
 // Raised whenever the table or what passes through it changes meaning.
 inline constexpr uint32_t kModuleAbi = 1;
 
-// What both sides must agree on beyond the ABI number: the sizes of the
-// types passed by reference or value through the table.
-struct ModuleLayout {
-  uint32_t abi = kModuleAbi;
-  uint32_t table = 0;
-  uint32_t status = sizeof(Status);
-  uint32_t open_options = sizeof(OpenOptions);
-  uint32_t image_entry = sizeof(RadosImageEntry);
-  uint32_t locker = sizeof(RadosLocker);
-  uint32_t handler = sizeof(RadosReleaseHandler);
-  uint32_t string = sizeof(std::string);
-
-  bool operator==(const ModuleLayout&) const = default;
-};
-
 struct ModuleTable {
   Result<std::unique_ptr<Storage>> (*open_rados)(const std::string& name,
                                                  const OpenOptions& options);
@@ -51,11 +36,21 @@ struct ModuleTable {
   void (*set_rados_release_handler)(RadosReleaseHandler handler);
 };
 
-inline ModuleLayout ExpectedLayout() {
-  ModuleLayout l;
-  l.table = sizeof(ModuleTable);
-  return l;
-}
+// What both sides must agree on beyond the ABI number: the sizes of the
+// types passed by reference or value through the table. A default-made
+// layout is this build's.
+struct ModuleLayout {
+  uint32_t abi = kModuleAbi;
+  uint32_t table = sizeof(ModuleTable);
+  uint32_t status = sizeof(Status);
+  uint32_t open_options = sizeof(OpenOptions);
+  uint32_t image_entry = sizeof(RadosImageEntry);
+  uint32_t locker = sizeof(RadosLocker);
+  uint32_t handler = sizeof(RadosReleaseHandler);
+  uint32_t string = sizeof(std::string);
+
+  bool operator==(const ModuleLayout&) const = default;
+};
 
 // The exported symbol: the table when `caller` equals the module's own
 // layout, else nullptr (and `*own`, when given, gets the module's).

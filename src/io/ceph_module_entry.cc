@@ -41,7 +41,7 @@ using thindisk::io::ceph_module::ModuleTable;
 
 extern "C" __attribute__((visibility("default"))) const ModuleTable* thindisk_ceph_module(
     const ModuleLayout& caller, ModuleLayout* own) {
-  const ModuleLayout mine = thindisk::io::ceph_module::ExpectedLayout();
+  const ModuleLayout mine;
   if (own) *own = mine;
   return caller == mine ? &thindisk::io::ceph_module::kTable : nullptr;
 }
