@@ -39,7 +39,10 @@ libs=$(ldd "$TD")
 if grep -E 'librados|librbd|libceph' <<<"$libs"; then
   fail "$TD links the Ceph libraries; they belong to its module"
 fi
-ldd "$MODULE" | grep -q 'librados\.so' || fail "the module does not link librados: $(ldd "$MODULE")"
+# Captured first: under pipefail, `ldd | grep -q` fails whenever grep's early
+# exit gives ldd a SIGPIPE.
+module_libs=$(ldd "$MODULE")
+grep -q 'librados\.so' <<<"$module_libs" || fail "the module does not link librados: $module_libs"
 
 # loaded OBJECT CMD...: runs CMD under LD_DEBUG=files (stderr to $ERR), which
 # must succeed, and says whether glibc loaded an object whose path contains
