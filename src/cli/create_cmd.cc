@@ -8,6 +8,8 @@
 #include "cli/common.h"
 #include "cli/image_create.h"
 #include "cli/image_summary.h"
+#include "io/ceph_module.h"
+#include "io/rados_name.h"
 #include "qcow2/image.h"
 #include "raw/raw_image.h"
 
@@ -49,6 +51,11 @@ class CreateCommand final : public Subcommand {
       }
     }
     TD_ASSIGN_OR_RETURN(CreatePlan plan, Plan());
+    // Without Ceph support a pool's name fails here, before the line that
+    // says the image is being made.
+    if (io::IsRadosName(filename_)) {
+      TD_RETURN_IF_ERROR(io::ceph_module::Load().WithContext(filename_));
+    }
     if (!quiet_) std::cout << FormattingLine(filename_, plan) << std::endl;
     TD_RETURN_IF_ERROR(CreateImageFile(filename_, plan));
     return Outcome::kSuccess;

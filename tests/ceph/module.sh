@@ -12,7 +12,8 @@
 #      where the module was looked for; a directory whose
 #      thindisk-ceph.so is not an ELF file, not thindisk's module, or a
 #      module of another build (a stand-in compiled here that answers with
-#      another ABI number) is an error naming the file, and leaves the
+#      another ABI number) is an error naming the file, one whose librados
+#      is missing names the packages to install, and each leaves the
 #      pool's image alone;
 #   4. with the module, the same commands work on the test cluster.
 #
@@ -82,6 +83,7 @@ ok "$QEMU_IMG" compare local.qcow2 copy2.qcow2
 missing="Ceph support is not installed: no thindisk-ceph.so \(looked for $TMP/empty/thindisk-ceph.so\)"
 td_fails "^thindisk: $(img a): $missing" "info of a rados:// image" info "$(img a)"
 td_fails "$missing" "create in a pool" create -f qcow2 "$(img b)" 1G
+if grep -q Formatting "$OUT"; then fail "create said it was formatting $(img b): $(cat "$OUT")"; fi
 td_fails "$missing" "rm of a rados:// image" rm "$(img a)"
 td_fails "$missing" "ls of a pool" ls "rados://$POOL"
 td_fails "$missing" "lock ls of a rados:// image" lock ls "$(img a)"
@@ -114,6 +116,15 @@ cc -shared -fPIC -o other/thindisk-ceph.so other.c || fail "cc could not build t
 THINDISK_MODULE_DIR=$TMP/other td_fails \
   "$TMP/other/thindisk-ceph.so: a Ceph module of another thindisk build \(ABI 999, table [0-9]+ bytes; this one needs ABI [0-9]+, table [0-9]+ bytes\)" \
   "a module of another build" rm "$(img a)"
+# The module without librados: its copy asks for a librados.so.9 that no
+# host has (the same length, so the ELF stays whole), and the error names
+# the packages to install.
+mkdir noceph
+LC_ALL=C sed 's/librados\.so\.2/librados.so.9/g' "$MODULE" >noceph/thindisk-ceph.so
+grep -q 'librados\.so\.9' <(ldd noceph/thindisk-ceph.so) || fail "the rewritten module still asks for librados.so.2"
+THINDISK_MODULE_DIR=$TMP/noceph td_fails \
+  "Ceph support cannot be loaded: librados\.so\.9: .*\(apt-get install librados2 librbd1\)" \
+  "a module whose librados is missing" info "$(img a)"
 rados_ stat "$TAG-a.header" >/dev/null || fail "a failed rm touched $(img a)"
 
 # 4. With it again: the image is whole.
