@@ -3,21 +3,12 @@
 # more results files (lines "RUN TARGET METRIC VALUE"), each target with the
 # range of its per-run ratios. Usage: compare_table.py RESULTS_FILE...
 # (bench/compare runs it at its end, and alone with REPORT="FILES").
-import statistics, sys
-from collections import defaultdict
+import sys
 
-# Figures per (target, metric), keyed by run; runs of several files stay apart.
-vals = defaultdict(dict)
-for n, path in enumerate(sys.argv[1:]):
-    for line in open(path):
-        run, target, metric, value = line.split()
-        vals[(target, metric)][(n, run)] = float(value)
-runs = {k for v in vals.values() for k in v}
-med = {k: statistics.median(v.values()) for k, v in vals.items()}
+from results import Results, checks_text, fmt, span, summary
 
-def run_ratios(mine, peer, key):
-    a, b = vals.get((mine, key), {}), vals.get((peer, key), {})
-    return [a[k] / b[k] for k in a if k in b and b[k]]
+res = Results(sys.argv[1:])
+vals, med, run_ratios = res.vals, res.med, res.ratios
 
 PEERS = ["qn64", "qn128", "qnraw", "nbdkit", "rawfio", "rawdio"]
 COLS = ["td128", "td64"] + PEERS
@@ -57,15 +48,6 @@ ROWS = [
     ("CPU.W3.qd16", "server CPU per 4K write (W3)", "us", [("cpu", 0.5, "")]),
 ]
 
-def fmt(v):
-    if v is None: return "-"
-    if v >= 1000: return f"{v:.0f}"
-    if v >= 10: return f"{v:.1f}"
-    return f"{v:.2f}"
-
-def span(xs, f="{:.2f}"):
-    return f" ({f.format(min(xs))}-{f.format(max(xs))})" if len(xs) > 1 else ""
-
 w = 14
 print()
 print(f"{'row':34}" + "".join(f"{NAMES[c][:w-1]:>{w}}" for c in COLS) + "  target")
@@ -97,8 +79,7 @@ for key, title, unit, targets in ROWS:
             r = td / row[peer]
             checks.append((f">= {limit}x {NAMES[peer]}", r >= limit,
                            f"{r:.2f}x" + span(run_ratios("td128", peer, key)), issue))
-    tgt = "; ".join(f"{c[0]}: {c[2]} {'PASS' if c[1] else 'MISS'}{' ' + c[3] if c[3] else ''}"
-                    for c in checks)
+    tgt = checks_text(checks)
     print(f"{title + ' (' + unit + ')':34}" + "".join(f"{fmt(row[c]):>{w}}" for c in COLS)
           + ("  " + tgt if tgt else ""))
     if unit in ("IOPS", "MB/s"):
@@ -125,7 +106,7 @@ for inp in ("corpus", "random"):
             checks.append((">= 2x qemu-img zstd at no worse ratio", tm / qm >= 2 and tr <= qr, got, ""))
         if ct == "zstd" and inp == "random":
             checks.append((">= 1.0x qemu-img zstd", tm / qm >= 1.0, got, ""))
-        tgt = "; ".join(f"{c[0]}: {c[2]} {'PASS' if c[1] else 'MISS'}" for c in checks)
+        tgt = checks_text(checks)
         print(f"{'  ' + inp + ' ' + ct:34}{fmt(tm):>{w}}{fmt(qm):>{w}}{fmt(tm / qm) + 'x':>{w}}"
               f"{tr:>{w}.3f}{qr:>{w}.3f}" + ("  " + tgt if tgt else ""))
         verdicts += [(f"W6 {inp} {ct}", c) for c in checks]
@@ -142,13 +123,8 @@ if ("td", key) in med:
         if pm:
             checks.append((f">= {limit}x {name}", tm / pm >= limit,
                            f"{tm / pm:.2f}x" + span(run_ratios("td", peer, key)), ""))
-    tgt = "; ".join(f"{c[0]}: {c[2]} {'PASS' if c[1] else 'MISS'}" for c in checks)
+    tgt = checks_text(checks)
     print(f"{'  -> qcow2 (nbdcopy: raw)':34}{fmt(tm):>{w}}{fmt(qm):>{w}}{fmt(nm):>{w}}"
           f"{med.get(('td', 'N1.alloc'), 0):>{w}.3f}" + ("  " + tgt if tgt else ""))
     verdicts += [("N1 convert off NBD", c) for c in checks]
-print()
-print(f"figures: medians of {len(runs)} runs; in brackets: the range of the per-run ratio")
-passed = sum(1 for _, c in verdicts if c[1])
-print(f"targets: {passed} PASS, {len(verdicts) - passed} MISS")
-for title, c in verdicts:
-    if not c[1]: print(f"  MISS {title}: {c[0]} (got {c[2]}){' ' + c[3] if c[3] else ''}")
+summary(res, verdicts)
