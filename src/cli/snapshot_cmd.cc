@@ -98,7 +98,7 @@ class SnapshotCommand final : public Subcommand {
         Json list = Json::array();
         for (const qcow2::Snapshot& sn : snapshots) list.push_back(SnapshotJson(sn));
         std::cout << list.dump(4) << "\n";
-      } else {
+      } else if (!snapshots.empty()) {  // as qemu-img: no table, not even its header
         PrintSnapshotTable(snapshots);
       }
       return Status::Ok();

@@ -63,6 +63,7 @@ lists_agree() {
 for layout in default 64k compressed; do
   log "layout $layout: thindisk creates, qemu-img lists and applies"
   new_image t.qcow2 $layout
+  lists_agree t.qcow2  # none yet
   write_a t.qcow2
   td snapshot -c s1 t.qcow2
   write_b t.qcow2
