@@ -35,6 +35,7 @@ class RmCommand final : public Subcommand {
         app.add_subcommand("rm", "Remove images (local files or rados:// images)");
     sub->footer(kRmHelp);
     sub->add_flag("-q,--quiet", quiet_, "Print nothing on success");
+    sub->add_flag("-p,--progress", progress_, "Show progress (rados:// images)");
     sub->add_option("images", images_, "Images to remove")->required();
     return sub;
   }
@@ -42,7 +43,7 @@ class RmCommand final : public Subcommand {
   Result<Outcome> Run() override {
     bool failed = false;
     for (const std::string& image : images_) {
-      Status s = Remove(image);
+      Status s = Remove(image, progress_ && !quiet_);
       if (!s.ok()) {
         PrintError(s);  // in order, and on to the next image
         failed = true;
@@ -54,8 +55,14 @@ class RmCommand final : public Subcommand {
   }
 
  private:
-  static Status Remove(const std::string& image) {
-    if (io::IsRadosName(image)) return io::ceph_module::RemoveRados(image);
+  static Status Remove(const std::string& image, bool show_progress) {
+    if (io::IsRadosName(image)) {
+      Progress progress(show_progress);
+      Status s = io::ceph_module::RemoveRados(
+          image, [&](uint64_t done, uint64_t total) { progress.Update(done, total); });
+      progress.Finish();
+      return s;
+    }
     if (io::IsRbdName(image)) {
       return Status::InvalidArgument(image + ": an RBD image is removed with rbd rm");
     }
@@ -70,6 +77,7 @@ class RmCommand final : public Subcommand {
   }
 
   bool quiet_ = false;
+  bool progress_ = false;
   std::vector<std::string> images_;
 };
 

@@ -148,9 +148,9 @@ Status CreateRadosFormatted(const std::string& name, uint64_t object_size,
   return m->create_rados_formatted(name, object_size, format);
 }
 
-Status RemoveRados(const std::string& name) {
+Status RemoveRados(const std::string& name, const RemoveProgress& progress) {
   TD_ASSIGN_OR_RETURN(const ModuleTable* m, ModuleFor(name));
-  return m->remove_rados(name);
+  return m->remove_rados(name, progress);
 }
 
 Result<std::vector<RadosImageEntry>> ListRados(const std::string& pool) {

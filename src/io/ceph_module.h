@@ -70,6 +70,10 @@ struct RadosLocker {
 // per process; nullptr (the default) refuses every request.
 using RadosReleaseHandler = std::function<bool(const std::string& uri)>;
 
+// How far a removal has come: `done` of `total` objects removed (the
+// header counted last). Called on the removing thread.
+using RemoveProgress = std::function<void(uint64_t done, uint64_t total)>;
+
 }  // namespace thindisk::io
 
 namespace thindisk::io::ceph_module {
@@ -91,7 +95,7 @@ Result<std::unique_ptr<Storage>> OpenRbd(const std::string& name,
                                          const OpenOptions& options);
 Status CreateRadosFormatted(const std::string& name, uint64_t object_size,
                             const std::function<Status(Storage&)>& format);
-Status RemoveRados(const std::string& name);
+Status RemoveRados(const std::string& name, const RemoveProgress& progress = nullptr);
 Result<std::vector<RadosImageEntry>> ListRados(const std::string& pool);
 Result<std::vector<RadosLocker>> ListRadosLockers(const std::string& name);
 Result<std::vector<RadosLocker>> BreakRadosLock(const std::string& name, bool force);

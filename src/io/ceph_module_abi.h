@@ -18,7 +18,7 @@
 namespace thindisk::io::ceph_module {
 
 // Raised whenever the table or what passes through it changes meaning.
-inline constexpr uint32_t kModuleAbi = 1;
+inline constexpr uint32_t kModuleAbi = 2;
 
 struct ModuleTable {
   Result<std::unique_ptr<Storage>> (*open_rados)(const std::string& name,
@@ -27,7 +27,7 @@ struct ModuleTable {
                                                const OpenOptions& options);
   Status (*create_rados_formatted)(const std::string& name, uint64_t object_size,
                                    const std::function<Status(Storage&)>& format);
-  Status (*remove_rados)(const std::string& name);
+  Status (*remove_rados)(const std::string& name, const RemoveProgress& progress);
   Result<std::vector<RadosImageEntry>> (*list_rados)(const std::string& pool);
   Result<std::vector<RadosLocker>> (*list_rados_lockers)(const std::string& name);
   Result<std::vector<RadosLocker>> (*break_rados_lock)(const std::string& name,

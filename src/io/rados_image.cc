@@ -190,7 +190,7 @@ Status CreateRadosFormatted(const std::string& name, uint64_t object_size,
   return s.WithContext(name);
 }
 
-Status RemoveRados(const std::string& name) {
+Status RemoveRados(const std::string& name, const RemoveProgress& progress) {
   auto pool = Connect(ParseRadosName(name));
   if (!pool) return pool.error();
   // Refuses what is not a thindisk image (bad magic, newer version) before
@@ -209,27 +209,41 @@ Status RemoveRados(const std::string& name) {
   // A read-only storage: its helpers, and a destructor that writes nothing.
   RadosStorage storage(pool->cluster, std::move(io), pool->name, *header,
                        /*read_only=*/true);
+  // Batches of kProgressBatch objects (whole windows of RunAio, so as many
+  // in flight as before), the progress told after each; the header last.
+  constexpr uint64_t kProgressBatch = 16 * RadosStorage::kMaxInFlight;
   const uint64_t objects = header->data_limit >> header->object_order;
+  uint64_t total = objects + 1;
   if (objects <= RadosStorage::kMaxIndexRemove) {
-    TD_RETURN_IF_ERROR(storage.RemoveObjects(0, objects));
+    for (uint64_t first = 0; first < objects; first += kProgressBatch) {
+      const uint64_t last = std::min(objects, first + kProgressBatch);
+      TD_RETURN_IF_ERROR(storage.RemoveObjects(first, last));
+      if (progress) progress(last, total);
+    }
   } else {
     auto found = ListDataObjects(*pool);
     if (!found) return found.error();
-    TD_RETURN_IF_ERROR(rados_internal::RunAio(
-        found->size(), RadosStorage::kMaxInFlight,
-        [&](uint64_t i, rados_internal::AioSlot& s) {
-          return pool->io.aio_remove((*found)[i], s.completion);
-        },
-        [&](uint64_t i, rados_internal::AioSlot&, int ret) {
-          if (ret >= 0 || ret == -ENOENT) return Status::Ok();
-          return Status::FromErrno(-ret, what + ": remove " + (*found)[i]);
-        }));
+    total = found->size() + 1;
+    for (uint64_t first = 0; first < found->size(); first += kProgressBatch) {
+      const uint64_t count = std::min<uint64_t>(found->size() - first, kProgressBatch);
+      TD_RETURN_IF_ERROR(rados_internal::RunAio(
+          count, RadosStorage::kMaxInFlight,
+          [&](uint64_t i, rados_internal::AioSlot& s) {
+            return pool->io.aio_remove((*found)[first + i], s.completion);
+          },
+          [&](uint64_t i, rados_internal::AioSlot&, int ret) {
+            if (ret >= 0 || ret == -ENOENT) return Status::Ok();
+            return Status::FromErrno(-ret, what + ": remove " + (*found)[first + i]);
+          }));
+      if (progress) progress(first + count, total);
+    }
   }
   // The header last: until it goes, the image exists and can be removed again.
   const int ret = pool->io.remove(pool->header_oid);
   if (ret < 0 && ret != -ENOENT) {
     return Status::FromErrno(-ret, what + ": remove header object " + pool->header_oid);
   }
+  if (progress) progress(total, total);
   return Status::Ok();
 }
 

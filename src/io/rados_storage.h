@@ -107,7 +107,8 @@ Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
 // object index below the data limit when that is at most kMaxIndexRemove
 // objects, else one listing of the pool: it grows with what was written,
 // never with the virtual size. kNotFound when there is no such image.
-Status RemoveRados(const std::string& name);
+// `progress`, when set, hears of every batch of objects removed.
+Status RemoveRados(const std::string& name, const RemoveProgress& progress = nullptr);
 
 // The thindisk images in pool `pool` (rados://POOL[?conf=..&id=..]), by
 // name: one listing of the pool and one header read per image. Objects
@@ -147,7 +148,7 @@ class RadosStorage final : public Storage {
  private:
   friend Result<std::unique_ptr<Storage>> OpenRados(const std::string&,
                                                     const OpenOptions&);
-  friend Status RemoveRados(const std::string&);
+  friend Status RemoveRados(const std::string&, const RemoveProgress&);
 
   RadosStorage(std::shared_ptr<RadosCluster> cluster, librados::IoCtx io,
                const RadosName& name, const RadosHeader& header, bool read_only);

@@ -13,7 +13,7 @@
 #      written by thindisk io; commit, rebase, resize, snapshot, measure.
 #   4. serve: nbdinfo and nbdcopy read the clone as qemu-img reads the
 #      expected local image.
-#   5. ls (human and JSON) and rm; errors: an image that exists is never
+#   5. ls (human and JSON) and rm (with -p, progress); errors: an image that exists is never
 #      overwritten, a missing image or pool, a malformed name, compact.
 #
 # Needs the test cluster (CEPH_CONF; ctest starts it: tests/ceph/fixture.sh).
@@ -185,6 +185,17 @@ for name in base2 big raw rawcopy small; do
   assert_eq "" "$(objects "$name")" "objects left by rm of $name"
 done
 td_fails "no such image" "rm of a missing image" rm "$(img big)"
+# rm -p: progress as objects go (qemu-img -p's "(P/100%)" on stderr): data
+# at 200 MiB on 128 KiB objects is 1,600 object indexes, removed in batches
+# of 1,024, so one step before the end.
+td create -q -f qcow2 -o object_size=128k "$(img prog)" 1G
+td io -c "write -P 0x11 0 128k" -c "write -P 0x22 200M 128k" "$(img prog)"
+td rm -p "$(img prog)"
+steps=$(tr '\r' '\n' <"$ERR" | grep -oE '\([0-9]+\.[0-9]{2}/100%\)' | tr '\n' ' ')
+[[ $steps =~ ^\(([0-9]|[1-9][0-9])\.[0-9]{2}/100%\)\ .*\(100\.00/100%\)\ $ ]] ||
+  fail "rm -p drew: '$steps' ($(cat "$ERR"))"
+grep -q "Removed rados://$POOL/$TAG-prog" "$OUT" || fail "rm -p printed: $(cat "$OUT")"
+assert_eq "" "$(objects prog)" "objects left by rm -p"
 # A clone's base can be removed (rm never follows chains); the clone then
 # fails to open, naming what is missing.
 td rm "$(img clone)" "$(img base)"
