@@ -209,34 +209,37 @@ Status RemoveRados(const std::string& name, const RemoveProgress& progress) {
   // A read-only storage: its helpers, and a destructor that writes nothing.
   RadosStorage storage(pool->cluster, std::move(io), pool->name, *header,
                        /*read_only=*/true);
-  // Batches of kProgressBatch objects (whole windows of RunAio, so as many
-  // in flight as before), the progress told after each; the header last.
-  constexpr uint64_t kProgressBatch = 16 * RadosStorage::kMaxInFlight;
+  // The data objects: by index below the data limit when there are few
+  // indexes, else the ones a listing of the pool finds.
   const uint64_t objects = header->data_limit >> header->object_order;
-  uint64_t total = objects + 1;
-  if (objects <= RadosStorage::kMaxIndexRemove) {
-    for (uint64_t first = 0; first < objects; first += kProgressBatch) {
-      const uint64_t last = std::min(objects, first + kProgressBatch);
-      TD_RETURN_IF_ERROR(storage.RemoveObjects(first, last));
-      if (progress) progress(last, total);
-    }
-  } else {
-    auto found = ListDataObjects(*pool);
-    if (!found) return found.error();
-    total = found->size() + 1;
-    for (uint64_t first = 0; first < found->size(); first += kProgressBatch) {
-      const uint64_t count = std::min<uint64_t>(found->size() - first, kProgressBatch);
-      TD_RETURN_IF_ERROR(rados_internal::RunAio(
-          count, RadosStorage::kMaxInFlight,
-          [&](uint64_t i, rados_internal::AioSlot& s) {
-            return pool->io.aio_remove((*found)[first + i], s.completion);
-          },
-          [&](uint64_t i, rados_internal::AioSlot&, int ret) {
-            if (ret >= 0 || ret == -ENOENT) return Status::Ok();
-            return Status::FromErrno(-ret, what + ": remove " + (*found)[first + i]);
-          }));
-      if (progress) progress(first + count, total);
-    }
+  const bool by_index = objects <= RadosStorage::kMaxIndexRemove;
+  std::vector<std::string> found;
+  if (!by_index) {
+    auto listed = ListDataObjects(*pool);
+    if (!listed) return listed.error();
+    found = std::move(*listed);
+  }
+  const uint64_t count = by_index ? objects : found.size();
+  auto remove = [&](uint64_t first, uint64_t last) -> Status {
+    if (by_index) return storage.RemoveObjects(first, last);
+    return rados_internal::RunAio(
+        last - first, RadosStorage::kMaxInFlight,
+        [&](uint64_t i, rados_internal::AioSlot& s) {
+          return pool->io.aio_remove(found[first + i], s.completion);
+        },
+        [&](uint64_t i, rados_internal::AioSlot&, int ret) {
+          if (ret >= 0 || ret == -ENOENT) return Status::Ok();
+          return Status::FromErrno(-ret, what + ": remove " + found[first + i]);
+        });
+  };
+  // Batches of kProgressBatch (whole windows of RunAio, so as many in
+  // flight as in one call), the progress told after each; the header last.
+  constexpr uint64_t kProgressBatch = 16 * RadosStorage::kMaxInFlight;
+  const uint64_t total = count + 1;
+  for (uint64_t first = 0; first < count; first += kProgressBatch) {
+    const uint64_t last = std::min(count, first + kProgressBatch);
+    TD_RETURN_IF_ERROR(remove(first, last));
+    if (progress) progress(last, total);
   }
   // The header last: until it goes, the image exists and can be removed again.
   const int ret = pool->io.remove(pool->header_oid);
