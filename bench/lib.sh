@@ -102,3 +102,15 @@ stop_server() {
   wait "$SERVER_PID" 2>/dev/null || true
   SERVER_PID=""
 }
+
+# The EXIT trap's parts: end_server ends a server still running (never
+# failing: the script may be exiting on an error), end_work removes WORK
+# (KEEP=1 keeps it, and says where).
+end_server() {
+  [[ -z $SERVER_PID ]] && return 0
+  kill "$SERVER_PID" 2>/dev/null || true
+  wait "$SERVER_PID" 2>/dev/null || true
+}
+end_work() {
+  if [[ ${KEEP:-0} == 1 ]]; then say "kept $WORK"; else rm -rf "$WORK"; fi
+}
