@@ -1,96 +1,30 @@
 // The Ceph module's loader and the functions that forward to it (io/ceph_module.h).
 #include "io/ceph_module.h"
 
-#include <dlfcn.h>
-#include <limits.h>
-#include <unistd.h>
-
-#include <cstdlib>
-#include <filesystem>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "io/ceph_module_abi.h"
+#include "util/module_loader.h"
 
 namespace thindisk::io::ceph_module {
 namespace {
 
-// The directory of the running executable, "" when /proc cannot say.
-std::string ExecutableDir() {
-  char buf[PATH_MAX];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "";
-  std::string path(buf, size_t(n));
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? "" : path.substr(0, slash);
-}
-
-// Where the module may be, in the order of io/ceph_module.h.
-std::vector<std::string> Candidates() {
-  if (const char* dir = std::getenv("THINDISK_MODULE_DIR"); dir && *dir) {
-    return {std::string(dir) + "/" + kModuleFile};
-  }
-  std::vector<std::string> where;
-  const std::string exe = ExecutableDir();
-  if (!exe.empty()) {
-    where.push_back(
-        std::filesystem::path(exe + "/" THINDISK_MODULE_RELDIR "/" + kModuleFile)
-            .lexically_normal()
-            .string());
-    where.push_back(exe + "/" + kModuleFile);
-  }
-  // Only for programs inside the build tree: an installed binary must never
-  // load code from where it was built (a build under /tmp would let anyone
-  // plant a module there).
-  const std::string build = THINDISK_MODULE_BUILD_TREE;
-  if (exe == build || exe.starts_with(build + "/")) {
-    where.push_back(THINDISK_MODULE_BUILD_PATH);
-  }
-  return where;
-}
-
-std::string Describe(const ModuleLayout& l) {
-  return "ABI " + std::to_string(l.abi) + ", table " + std::to_string(l.table) + " bytes";
+const util::ModuleSpec& Spec() {
+  static const util::ModuleSpec spec{
+      .file = kModuleFile,
+      .entry = kModuleEntry,
+      .kind = "Ceph",
+      .libraries = {"librados", "librbd", "libceph"},
+      .install = "apt-get install librados2 librbd1",
+  };
+  return spec;
 }
 
 Result<const ModuleTable*> Open() {
-  const std::vector<std::string> where = Candidates();
-  for (const std::string& path : where) {
-    if (::access(path.c_str(), F_OK) != 0) continue;
-    // RTLD_LOCAL: librados' symbols stay the module's; it is never closed
-    // (its threads and librados' may outlive any one image).
-    void* handle = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      const char* error = ::dlerror();
-      const std::string why = error ? error : path;
-      // A Ceph library missing, rather than a broken module: say which package.
-      const bool ceph = why.find("librados") != std::string::npos ||
-                        why.find("librbd") != std::string::npos ||
-                        why.find("libceph") != std::string::npos;
-      return Status::NotSupported("Ceph support cannot be loaded: " + why +
-                                  (ceph ? " (apt-get install librados2 librbd1)" : ""));
-    }
-    auto entry = reinterpret_cast<ModuleEntry>(::dlsym(handle, kModuleEntry));
-    if (!entry) {
-      ::dlclose(handle);
-      return Status::NotSupported(path + ": not a thindisk Ceph module (no " +
-                                  std::string(kModuleEntry) + ")");
-    }
-    ModuleLayout theirs;
-    const ModuleTable* table = entry(ModuleLayout{}, &theirs);
-    if (!table) {
-      return Status::NotSupported(path + ": a Ceph module of another thindisk build (" +
-                                  Describe(theirs) + "; this one needs " +
-                                  Describe(ModuleLayout{}) + ")");
-    }
-    return table;
-  }
-  std::string tried;
-  for (const std::string& path : where) tried += (tried.empty() ? "" : ", ") + path;
-  return Status::NotSupported("Ceph support is not installed: no " +
-                              std::string(kModuleFile) + " (looked for " + tried + ")");
+  return util::LoadModuleTable<ModuleTable, ModuleLayout>(Spec());
 }
 
 // The release handler, kept so a module loaded later gets it.

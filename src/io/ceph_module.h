@@ -11,18 +11,8 @@
 // without the Ceph libraries: every other image works, a Ceph name fails
 // with the reason (qemu loads its rbd driver the same way).
 //
-// Where the module is looked for, first found wins:
-//  1. $THINDISK_MODULE_DIR/thindisk-ceph.so, and nowhere else when the
-//     variable is set;
-//  2. THINDISK_MODULE_RELDIR relative to the executable's directory (the
-//     installed layout: bin/thindisk, lib/thindisk/thindisk-ceph.so;
-//     dist/CMakeLists.txt);
-//  3. the executable's own directory (the build tree's thindisk);
-//  4. where this build wrote it, for programs inside the build tree only
-//     (test programs in its subdirectories): an installed binary never
-//     looks into the tree it was built in.
-// A module that is found but fails to load (librados missing, another
-// build's module) is an error, not a reason to look further.
+// Where the module is looked for, and what a module that is found but does
+// not load means: util/module_loader.h.
 //
 // The module and the binary must come from one build: they exchange C++
 // objects (Status, Storage, std::function). The module's entry checks an

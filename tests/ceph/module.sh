@@ -21,6 +21,8 @@
 source "$(dirname "$0")/../interop/lib.sh"
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
+# shellcheck source=../lib/module.sh
+source "$INTEROP_DIR/../lib/module.sh"
 
 require_thindisk
 require_tool "$QEMU_IMG" ldd rados cc
@@ -36,27 +38,7 @@ MODULE=$(dirname "$TD")/thindisk-ceph.so
 
 # 1. Not linked.
 log "ldd"
-libs=$(ldd "$TD")
-if grep -E 'librados|librbd|libceph' <<<"$libs"; then
-  fail "$TD links the Ceph libraries; they belong to its module"
-fi
-# Captured first: under pipefail, `ldd | grep -q` fails whenever grep's early
-# exit gives ldd a SIGPIPE.
-module_libs=$(ldd "$MODULE")
-grep -q 'librados\.so' <<<"$module_libs" || fail "the module does not link librados: $module_libs"
-
-# loaded OBJECT CMD...: runs CMD under LD_DEBUG=files (stderr to $ERR), which
-# must succeed, and says whether glibc loaded an object whose path contains
-# OBJECT.
-loaded() {
-  local object=$1 rc=0
-  shift
-  LD_DEBUG=files LD_DEBUG_OUTPUT=$TMP/ld "$@" >"$OUT" 2>"$ERR" || rc=$?
-  ((rc == 0)) || fail "exit $rc from: $* ($(cat "$ERR"))"
-  cat "$TMP"/ld.* >"$TMP/ldlog" 2>/dev/null || true
-  rm -f "$TMP"/ld.*
-  grep -q "file=[^ ]*$object" "$TMP/ldlog"
-}
+linked_by_module_only "$MODULE" 'librados|librbd|libceph' 'librados\.so'
 
 # 2. Local work leaves it alone; a rados:// name loads it.
 log "loaded on demand"
@@ -93,38 +75,10 @@ td_fails "$missing" "a convert into a pool" convert -O qcow2 local.qcow2 "$(img 
 rados_ stat "$TAG-b.header" 2>/dev/null && fail "create made $TAG-b without the module"
 
 log "a broken module"
-mkdir notelf notours other
-echo "not a library" >notelf/thindisk-ceph.so
-cp "$(ldd "$TD" | awk '/libz\.so/ { print $3 }')" notours/thindisk-ceph.so
-THINDISK_MODULE_DIR=$TMP/notelf td_fails \
-  "Ceph support cannot be loaded: $TMP/notelf/thindisk-ceph.so: [a-z]" \
-  "a module that is not an ELF file" rm "$(img a)"
-THINDISK_MODULE_DIR=$TMP/notours td_fails \
-  "$TMP/notours/thindisk-ceph.so: not a thindisk Ceph module \(no thindisk_ceph_module\)" \
-  "a library that is not the module" rm "$(img a)"
-# Another build's module: the entry's layout check (io/ceph_module_abi.h:
-# eight uint32 fields, the ABI number first) answers with its own.
-cat >other.c <<'EOF'
-struct layout { unsigned abi, table, status, open_options, image_entry, locker, handler, string; };
-const void* thindisk_ceph_module(const struct layout* caller, struct layout* own) {
-  *own = *caller;
-  own->abi = 999;
-  return 0;
-}
-EOF
-cc -shared -fPIC -o other/thindisk-ceph.so other.c || fail "cc could not build the stand-in module"
-THINDISK_MODULE_DIR=$TMP/other td_fails \
-  "$TMP/other/thindisk-ceph.so: a Ceph module of another thindisk build \(ABI 999, table [0-9]+ bytes; this one needs ABI [0-9]+, table [0-9]+ bytes\)" \
-  "a module of another build" rm "$(img a)"
-# The module without librados: its copy asks for a librados.so.9 that no
-# host has (the same length, so the ELF stays whole), and the error names
-# the packages to install.
-mkdir noceph
-LC_ALL=C sed 's/librados\.so\.2/librados.so.9/g' "$MODULE" >noceph/thindisk-ceph.so
-grep -q 'librados\.so\.9' <(ldd noceph/thindisk-ceph.so) || fail "the rewritten module still asks for librados.so.2"
-THINDISK_MODULE_DIR=$TMP/noceph td_fails \
-  "Ceph support cannot be loaded: librados\.so\.9: .*\(apt-get install librados2 librbd1\)" \
-  "a module whose librados is missing" info "$(img a)"
+refuses_broken_modules "$MODULE" Ceph thindisk_ceph_module 8 librados.so.2 \
+  "apt-get install librados2 librbd1" info "$(img a)"
+refuses_broken_modules "$MODULE" Ceph thindisk_ceph_module 8 librados.so.2 \
+  "apt-get install librados2 librbd1" rm "$(img a)"
 rados_ stat "$TAG-a.header" >/dev/null || fail "a failed rm touched $(img a)"
 
 # 4. With it again: the image is whole.
