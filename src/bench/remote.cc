@@ -7,166 +7,60 @@
 
 #include "bench/bench_image.h"
 #include "bench/proc_stats.h"
-
-#ifdef THINDISK_HAVE_LIBNBD
-#include <libnbd.h>
-#endif
+#include "nbdclient/nbd_module.h"
 
 namespace thindisk::bench {
-
-#ifndef THINDISK_HAVE_LIBNBD
-
-bool HaveNbdClient() { return false; }
-
-Result<Report> RunRemote(const RemoteOptions&) {
-  return Status::NotSupported(
-      "--uri needs libnbd, and this thindisk was built without it (install libnbd-dev and "
-      "reconfigure)");
-}
-
-#else
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr uint32_t kSmallBlock = 4096;
 constexpr uint32_t kLargeBlock = 1 << 20;
 
-Status NbdError(const std::string& what) {
-  const char* msg = nbd_get_error();
-  int e = nbd_get_errno();
-  return Status(Code::kIoError, what + ": " + (msg ? msg : "unknown libnbd error"), e);
-}
-
-// One libnbd handle; requests are kept in flight with nbd_aio_* and
-// completed by nbd_poll on this thread, so no locking is needed.
-class Connection {
- public:
-  static Result<std::unique_ptr<Connection>> Open(const std::string& uri) {
-    std::unique_ptr<Connection> c(new Connection());
-    c->h_ = nbd_create();
-    if (c->h_ == nullptr) return NbdError("nbd_create");
-    // nbds:// URIs name their credentials as local files (tls-certificates=,
-    // tls-psk-file=); the URI is the user's own.
-    if (nbd_set_uri_allow_local_file(c->h_, true) == -1) return NbdError(uri);
-    if (nbd_connect_uri(c->h_, uri.c_str()) == -1) return NbdError(uri);
-    int64_t size = nbd_get_size(c->h_);
-    if (size < 0) return NbdError(uri + ": export size");
-    c->size_ = uint64_t(size);
-    c->read_only_ = nbd_is_read_only(c->h_) == 1;
-    c->can_flush_ = nbd_can_flush(c->h_) == 1;
-    return c;
-  }
-  ~Connection() {
-    if (h_ != nullptr) {
-      nbd_shutdown(h_, 0);
-      nbd_close(h_);
-    }
-  }
-  uint64_t size() const { return size_; }
-  bool read_only() const { return read_only_; }
-
-  Result<PhaseRun> Run(bool writes, const std::vector<Op>& ops, uint32_t qd, uint64_t seed,
-                       const RunLimits& limits, const ProgressFn& progress);
-
- private:
-  struct Slot {
-    Connection* owner = nullptr;
-    Clock::time_point start;
-    uint32_t length = 0;
-    std::vector<uint8_t> buf;
-  };
-  struct State {
-    std::vector<Slot*> free;
-    LatencyLog log;
-    uint64_t done = 0;
-    uint64_t bytes = 0;
-    int error = 0;
-  };
-
-  static int Completed(void* user_data, int* error) {
-    auto* slot = static_cast<Slot*>(user_data);
-    State& st = *slot->owner->state_;
-    if (*error != 0) {
-      if (st.error == 0) st.error = *error;
-    } else {
-      st.log.Add(uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - slot->start).count()));
-      st.bytes += slot->length;
-      ++st.done;
-    }
-    st.free.push_back(slot);
-    return 1;  // retire the command
-  }
-
-  Connection() = default;
-  nbd_handle* h_ = nullptr;
-  uint64_t size_ = 0;
-  bool read_only_ = false;
-  bool can_flush_ = false;
-  State* state_ = nullptr;
-};
-
-Result<PhaseRun> Connection::Run(bool writes, const std::vector<Op>& ops, uint32_t qd, uint64_t seed,
-                                 const RunLimits& limits, const ProgressFn& progress) {
+// Runs `ops` (up to limits.max_ops, within limits.max_seconds) with `qd`
+// in flight on `pipe`, then flushes after writes when the export takes
+// flushes.
+Result<PhaseRun> RunOps(nbdclient::Pipeline& pipe, bool writes, const std::vector<Op>& ops,
+                        uint32_t qd, uint64_t seed, const RunLimits& limits,
+                        const ProgressFn& progress) {
   qd = std::max<uint32_t>(qd, 1);
   uint64_t total = ops.size();
   if (limits.max_ops != 0) total = std::min(total, limits.max_ops);
   uint32_t max_len = 0;
   for (const Op& op : ops) max_len = std::max(max_len, op.length);
-  std::vector<Slot> slots(qd);
-  State st;
+  std::vector<std::vector<uint8_t>> buffers(qd);
   for (uint32_t i = 0; i < qd; ++i) {
-    slots[i].owner = this;
-    slots[i].buf.resize(max_len);
-    FillRandom(seed * 1000003 + i, slots[i].buf);
-    st.free.push_back(&slots[i]);
+    buffers[i].resize(max_len);
+    FillRandom(seed * 1000003 + i, buffers[i]);
   }
-  state_ = &st;
   const Clock::time_point start = Clock::now();
-  Clock::time_point last_progress = start;
   uint64_t next = 0;
-  Status error;
-  while (error.ok()) {
-    bool expired = limits.max_seconds > 0 &&
-                   std::chrono::duration<double>(Clock::now() - start).count() >= limits.max_seconds;
-    while (!st.free.empty() && next < total && !expired && st.error == 0) {
-      Slot* slot = st.free.back();
-      st.free.pop_back();
-      const Op& op = ops[next++];
-      slot->length = op.length;
-      slot->start = Clock::now();
-      nbd_completion_callback cb = {Completed, slot, nullptr};
-      int64_t cookie = writes ? nbd_aio_pwrite(h_, slot->buf.data(), op.length, op.offset, cb, 0)
-                              : nbd_aio_pread(h_, slot->buf.data(), op.length, op.offset, cb, 0);
-      if (cookie == -1) {
-        error = NbdError("request at offset " + std::to_string(op.offset));
-        st.free.push_back(slot);
-        break;
-      }
-    }
-    if (st.error != 0 && error.ok()) error = Status::FromErrno(st.error, "NBD request failed");
-    if (st.free.size() == qd && (next >= total || expired || !error.ok())) break;
-    if (nbd_poll(h_, 100) == -1 && error.ok()) error = NbdError("nbd_poll");
-    if (progress && Clock::now() - last_progress > std::chrono::milliseconds(100)) {
-      last_progress = Clock::now();
-      progress(st.done, total);
-    }
-  }
-  // Drain whatever is still in flight after an error before the slots go away.
-  while (st.free.size() < qd && nbd_poll(h_, 1000) != -1) {
-  }
-  state_ = nullptr;
-  if (!error.ok()) return error;
   PhaseRun run;
-  run.executed = st.done;
-  run.bytes = st.bytes;
-  if (writes && can_flush_) {
-    Clock::time_point f = Clock::now();
-    if (nbd_flush(h_, 0) == -1) return NbdError("flush");
+  LatencyLog log;
+  nbdclient::Pipeline::Calls calls;
+  calls.next = [&](nbdclient::PipelineRequest& r) {
+    if (next >= total) return false;
+    if (limits.max_seconds > 0 &&
+        std::chrono::duration<double>(Clock::now() - start).count() >= limits.max_seconds)
+      return false;
+    const Op& op = ops[next++];
+    r.offset = op.offset;
+    r.length = op.length;
+    return true;
+  };
+  calls.done = [&](const nbdclient::PipelineRequest& r, uint64_t nanos) {
+    log.Add(nanos);
+    run.bytes += r.length;
+    ++run.executed;
+  };
+  if (progress) calls.tick = [&] { progress(run.executed, total); };
+  TD_RETURN_IF_ERROR(pipe.Run(writes, buffers, calls));
+  if (writes && pipe.can_flush()) {
+    const Clock::time_point f = Clock::now();
+    TD_RETURN_IF_ERROR(pipe.Flush());
     run.finish_seconds = std::chrono::duration<double>(Clock::now() - f).count();
   }
   run.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  run.latencies = std::move(st.log);
+  run.latencies = std::move(log);
   if (progress) progress(total, total);
   return run;
 }
@@ -190,7 +84,7 @@ Result<Costs> Sample(const RemoteOptions& o) {
   return c;
 }
 
-Result<WorkloadResult> Phase(Connection& conn, const RemoteOptions& o, Workload w, bool writes,
+Result<WorkloadResult> Phase(nbdclient::Pipeline& pipe, const RemoteOptions& o, Workload w, bool writes,
                              const std::vector<Op>& ops, uint64_t footprint, PhaseRun* run_out) {
   std::string variant = "qd" + std::to_string(o.qd);
   ProgressFn progress;
@@ -199,7 +93,7 @@ Result<WorkloadResult> Phase(Connection& conn, const RemoteOptions& o, Workload 
     progress = [&o, label](uint64_t done, uint64_t total) { o.progress(label, done, total); };
   }
   TD_ASSIGN_OR_RETURN(Costs before, Sample(o));
-  TD_ASSIGN_OR_RETURN(PhaseRun run, conn.Run(writes, ops, o.qd, o.seed, o.limits, progress));
+  TD_ASSIGN_OR_RETURN(PhaseRun run, RunOps(pipe, writes, ops, o.qd, o.seed, o.limits, progress));
   TD_ASSIGN_OR_RETURN(Costs after, Sample(o));
   WorkloadResult r;
   r.id = std::string(WorkloadId(w));
@@ -230,8 +124,6 @@ Result<WorkloadResult> Phase(Connection& conn, const RemoteOptions& o, Workload 
 
 }  // namespace
 
-bool HaveNbdClient() { return true; }
-
 Result<Report> RunRemote(const RemoteOptions& o) {
   for (Workload w : o.workloads) {
     if (w == Workload::kW5CloneWrite || w == Workload::kW6Compress) {
@@ -242,14 +134,15 @@ Result<Report> RunRemote(const RemoteOptions& o) {
       return Status::InvalidArgument("W9 runs in-process only (drop --uri)");
     }
   }
-  TD_ASSIGN_OR_RETURN(std::unique_ptr<Connection> conn, Connection::Open(o.uri));
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<nbdclient::Pipeline> pipe,
+                      nbdclient::nbd_module::OpenPipeline(o.uri));
   RemoteOptions clipped = o;
-  clipped.size = std::min(o.size, conn->size());
+  clipped.size = std::min(o.size, pipe->size());
   clipped.size -= clipped.size % kSmallBlock;
   if (clipped.size == 0) return Status::InvalidArgument(o.uri + ": export smaller than 4 KiB");
   auto wants = [&](Workload w) { return std::find(o.workloads.begin(), o.workloads.end(), w) != o.workloads.end(); };
   bool any_write = wants(Workload::kW2FirstWrite) || wants(Workload::kW3Rewrite) || wants(Workload::kW4SeqWrite);
-  if (any_write && conn->read_only()) {
+  if (any_write && pipe->read_only()) {
     return Status::ReadOnly(o.uri + ": the export is read-only; W2-W4 write (use --workloads W1)");
   }
 
@@ -259,7 +152,7 @@ Result<Report> RunRemote(const RemoteOptions& o) {
   report.qd = o.qd;
   report.seed = o.seed;
   if (wants(Workload::kW1SeqRead)) {
-    TD_ASSIGN_OR_RETURN(WorkloadResult r, Phase(*conn, clipped, Workload::kW1SeqRead, false,
+    TD_ASSIGN_OR_RETURN(WorkloadResult r, Phase(*pipe, clipped, Workload::kW1SeqRead, false,
                                                 SequentialOps(0, clipped.size, kLargeBlock), 0, nullptr));
     report.results.push_back(std::move(r));
   }
@@ -267,23 +160,21 @@ Result<Report> RunRemote(const RemoteOptions& o) {
     std::vector<Op> ops = RandomOps(clipped.size, kSmallBlock, o.seed);
     PhaseRun first;
     TD_ASSIGN_OR_RETURN(WorkloadResult r,
-                        Phase(*conn, clipped, Workload::kW2FirstWrite, true, ops, 0, &first));
+                        Phase(*pipe, clipped, Workload::kW2FirstWrite, true, ops, 0, &first));
     if (wants(Workload::kW2FirstWrite)) report.results.push_back(std::move(r));
     if (wants(Workload::kW3Rewrite)) {
       std::vector<Op> again(ops.begin(), ops.begin() + ptrdiff_t(first.executed));
-      TD_ASSIGN_OR_RETURN(WorkloadResult r3, Phase(*conn, clipped, Workload::kW3Rewrite, true, again,
+      TD_ASSIGN_OR_RETURN(WorkloadResult r3, Phase(*pipe, clipped, Workload::kW3Rewrite, true, again,
                                                    first.bytes, nullptr));
       report.results.push_back(std::move(r3));
     }
   }
   if (wants(Workload::kW4SeqWrite)) {
-    TD_ASSIGN_OR_RETURN(WorkloadResult r, Phase(*conn, clipped, Workload::kW4SeqWrite, true,
+    TD_ASSIGN_OR_RETURN(WorkloadResult r, Phase(*pipe, clipped, Workload::kW4SeqWrite, true,
                                                 SequentialOps(0, clipped.size, kLargeBlock), 0, nullptr));
     report.results.push_back(std::move(r));
   }
   return report;
 }
-
-#endif  // THINDISK_HAVE_LIBNBD
 
 }  // namespace thindisk::bench

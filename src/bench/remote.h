@@ -1,14 +1,12 @@
 // Target (b): the workloads W1-W4 against any NBD server, by URI
 // ("nbd+unix:///?socket=/run/x.sock", "nbd://127.0.0.1:10809/export"),
-// through libnbd with `qd` requests in flight on one connection
-// (nbd_aio_*). The export is used as found, in order W1, W2, W3, W4: W1
+// with `qd` requests in flight on one connection (nbdclient/pipeline.h, in
+// the NBD client module). The export is used as found, in order W1, W2, W3, W4: W1
 // reads "never-written" space only when the export is fresh.
 //
 // Host write amplification and server CPU per op come from /proc/PID of
 // the server (--server-pid): write_bytes, utime + stime. Space
 // amplification needs the served file (--image).
-//
-// Built without libnbd, RunRemote returns kNotSupported saying so.
 //
 // Thread safety: RunRemote is reentrant (one connection per call).
 #pragma once
@@ -34,9 +32,6 @@ struct RemoteOptions : WorkloadOptions {
   pid_t server_pid = 0;    // 0: no server-side figures
   std::string image_path;  // "": no space amplification
 };
-
-// True when this build can reach NBD servers.
-bool HaveNbdClient();
 
 Result<Report> RunRemote(const RemoteOptions& options);
 

@@ -11,7 +11,7 @@
 #include "io/ceph_module.h"
 #include "io/rados_name.h"
 #include "io/rbd_name.h"
-#include "nbdclient/nbd_storage.h"
+#include "nbdclient/nbd_module.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/format.h"
 #include "qcow2/image.h"
@@ -265,7 +265,7 @@ Result<std::string> ProbeFormat(const std::string& filename) {
 
 Result<std::unique_ptr<io::Storage>> OpenStorage(const std::string& name,
                                                  const io::OpenOptions& options) {
-  if (nbdclient::IsNbdUri(name)) return nbdclient::OpenNbd(name, options.read_only);
+  if (nbdclient::IsNbdUri(name)) return nbdclient::nbd_module::OpenNbd(name, options.read_only);
   if (io::IsRadosName(name)) return io::ceph_module::OpenRados(name, options);
   if (io::IsRbdName(name)) return io::ceph_module::OpenRbd(name, options);
   auto file = io::OpenFile(name, options);

@@ -10,7 +10,7 @@
 
 #include "block/open.h"
 #include "nbdclient/export_file.h"
-#include "nbdclient/nbd_storage.h"
+#include "nbdclient/nbd_module.h"
 #include "nbdclient/nbdkit_test_util.h"
 #include "qcow2/image.h"
 #include "util/temp_dir_test_util.h"
@@ -45,7 +45,7 @@ class OpenNbdServerTest : public ::testing::Test {
 
   // Lays an empty qcow2 of `size` (backed by `backing`, if any) on the export.
   void CreateOnExport(uint64_t size, const std::string& backing) {
-    auto store = nbdclient::OpenNbd(server_->uri(), false);
+    auto store = nbdclient::nbd_module::OpenNbd(server_->uri(), false);
     ASSERT_TRUE(store.has_value()) << store.error().message();
     auto view = nbdclient::ExportFile::Make(**store);
     ASSERT_TRUE(view.has_value());
@@ -64,7 +64,7 @@ class OpenNbdServerTest : public ::testing::Test {
 TEST_F(OpenNbdServerTest, Qcow2OnAnExportProbesOpensAndTakesWrites) {
   // Old bytes everywhere first: creation must not let them show through.
   {
-    auto store = nbdclient::OpenNbd(server_->uri(), false);
+    auto store = nbdclient::nbd_module::OpenNbd(server_->uri(), false);
     ASSERT_TRUE(store.has_value());
     std::vector<uint8_t> junk(1 << 20, 0xee);
     for (uint64_t off = 0; off < (32u << 20); off += junk.size()) {

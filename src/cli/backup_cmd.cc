@@ -39,6 +39,7 @@
 #include "cli/serve_control.h"
 #include "cli/writeback.h"
 #include "nbdclient/dirty_map.h"
+#include "nbdclient/nbd_module.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/bitmaps.h"
 #include "qcow2/image.h"
@@ -148,7 +149,7 @@ class BackupCommand final : public Subcommand {
     const bool incremental = !previous_.empty();
     if (nbd_) {
       // The export (also what the control socket calls it) and its map.
-      TD_ASSIGN_OR_RETURN(auto map, nbdclient::ReadDirtyMap(source_, bitmap_));
+      TD_ASSIGN_OR_RETURN(auto map, nbdclient::nbd_module::ReadDirtyMap(source_, bitmap_));
       export_name_ = map.export_name;
       TD_ASSIGN_OR_RETURN(Json before,
                           ControlCall(control_, {{"execute", "query-bitmaps"},
@@ -168,7 +169,7 @@ class BackupCommand final : public Subcommand {
       }
       // Read after the generation: a change between the two moves it.
       if (incremental) {
-        TD_ASSIGN_OR_RETURN(map, nbdclient::ReadDirtyMap(source_, bitmap_));
+        TD_ASSIGN_OR_RETURN(map, nbdclient::nbd_module::ReadDirtyMap(source_, bitmap_));
         if (!map.offered) {
           return Status::NotSupported(nbdclient::NotExportedMessage(source_, bitmap_));
         }

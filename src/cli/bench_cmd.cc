@@ -215,11 +215,6 @@ class BenchCommand final : public Subcommand {
     }
     if (server_pid_ < 0)
       return Status::InvalidArgument("--server-pid must be a process id");
-    if (remote && !bench::HaveNbdClient()) {
-      return Status::NotSupported(
-          "--uri needs libnbd, and this thindisk was built without it "
-          "(install libnbd-dev and rebuild)");
-    }
     if (!size_text_.empty()) {
       TD_ASSIGN_OR_RETURN(uint64_t size, ParseSize(size_text_));
       if (size < (1u << 20) || size % 4096 != 0) {

@@ -10,6 +10,8 @@
 #include "cli/image_summary.h"
 #include "io/ceph_module.h"
 #include "io/rados_name.h"
+#include "nbdclient/nbd_module.h"
+#include "nbdclient/nbd_uri.h"
 #include "qcow2/image.h"
 #include "raw/raw_image.h"
 
@@ -51,10 +53,13 @@ class CreateCommand final : public Subcommand {
       }
     }
     TD_ASSIGN_OR_RETURN(CreatePlan plan, Plan());
-    // Without Ceph support a pool's name fails here, before the line that
-    // says the image is being made.
+    // Without Ceph or NBD client support a pool's name or an export's URI
+    // fails here, before the line that says the image is being made.
     if (io::IsRadosName(filename_)) {
       TD_RETURN_IF_ERROR(io::ceph_module::Load().WithContext(filename_));
+    }
+    if (nbdclient::IsNbdUri(filename_)) {
+      TD_RETURN_IF_ERROR(nbdclient::nbd_module::Load().WithContext(filename_));
     }
     if (!quiet_) std::cout << FormattingLine(filename_, plan) << std::endl;
     TD_RETURN_IF_ERROR(CreateImageFile(filename_, plan));

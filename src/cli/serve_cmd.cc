@@ -6,7 +6,7 @@
 // detect-zeroes filter), prints where to connect, and on SIGINT/SIGTERM
 // lets the server drain and flush before it closes every image (which marks
 // qcow2 images clean). Option values are parsed in serve_options.h, --fork
-// is serve_fork.h and -L is serve_list.h; docs/qemu-nbd.md maps every
+// is serve_fork.h and -L is nbdclient/list_exports.h; docs/qemu-nbd.md maps every
 // qemu-nbd option to what this command does.
 #include <CLI/CLI.hpp>
 #include <signal.h>
@@ -26,12 +26,12 @@
 #include "cli/common.h"
 #include "cli/serve_control.h"
 #include "cli/serve_fork.h"
-#include "cli/serve_list.h"
 #include "cli/serve_open.h"
 #include "cli/serve_options.h"
 #include "cli/serve_tls.h"
 #include "io/ceph_module.h"
 #include "nbd/server.h"
+#include "nbdclient/nbd_module.h"
 
 #ifndef THINDISK_VERSION
 #define THINDISK_VERSION "unknown"
@@ -276,13 +276,13 @@ class ServeCommand final : public Subcommand {
       return Status::InvalidArgument("-L/--list is incompatible with per-export settings");
     if (fork_ || stdio_ || once_ || !pid_file_.empty())
       return Status::InvalidArgument("-L/--list is incompatible with server options");
-    ListTarget target;
+    nbdclient::ListTarget target;
     target.unix_socket = socket_;
     if (!bind_.empty()) target.host = bind_;
     if (port_ > 65535) return Status::InvalidArgument("--port must be 0..65535");
     if (port_ >= 0) target.port = uint16_t(port_);
     TD_ASSIGN_OR_RETURN(target.tls, tls_options_.ListSettings());
-    TD_RETURN_IF_ERROR(ListExports(target));
+    TD_RETURN_IF_ERROR(nbdclient::nbd_module::ListExports(target));
     return Outcome::kSuccess;
   }
 

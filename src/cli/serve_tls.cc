@@ -257,7 +257,7 @@ Result<std::shared_ptr<nbd::TlsServer>> ServeTlsOptions::Build() const {
   return nbd::TlsServer::Create(std::move(s));
 }
 
-Result<ListTls> ServeTlsOptions::ListSettings() const {
+Result<nbdclient::ListTls> ServeTlsOptions::ListSettings() const {
   if (!authz_.empty() || !allow_.empty() || !priority_.empty())
     return Status::InvalidArgument(
         "-L/--list is a client: --tls-authz, --tls-allow and --tls-priority are a server's "
@@ -265,7 +265,7 @@ Result<ListTls> ServeTlsOptions::ListSettings() const {
   TD_ASSIGN_OR_RETURN(auto objects, ParseObjects(objects_));
   TD_ASSIGN_OR_RETURN(Credentials given,
                       ResolveCredentials(objects, creds_, verify_peer_, /*client=*/true));
-  ListTls t;
+  nbdclient::ListTls t;
   t.x509_dir = given.x509_dir;
   t.psk_file = given.psk_file;
   t.username = given.username;
@@ -276,11 +276,15 @@ Result<ListTls> ServeTlsOptions::ListSettings() const {
         "-L/--list with a PSK names its user: --object tls-creds-psk,id=ID,dir=DIR,"
         "endpoint=client,username=USER --tls-creds ID (DIR/keys.psk)");
   const bool have = !t.x509_dir.empty() || !t.psk_file.empty();
-  t.mode = have ? nbd::TlsMode::kRequire : nbd::TlsMode::kOff;
+  using Mode = nbdclient::ListTls::Mode;
+  t.mode = have ? Mode::kRequire : Mode::kOff;
   if (!mode_.empty()) {
-    TD_ASSIGN_OR_RETURN(t.mode, nbd::ParseTlsMode(mode_));
+    TD_ASSIGN_OR_RETURN(nbd::TlsMode mode, nbd::ParseTlsMode(mode_));
+    t.mode = mode == nbd::TlsMode::kRequire ? Mode::kRequire
+             : mode == nbd::TlsMode::kOn    ? Mode::kOn
+                                            : Mode::kOff;
   }
-  if (t.mode != nbd::TlsMode::kOff && !have)
+  if (t.mode != Mode::kOff && !have)
     return Status::InvalidArgument("--tls=" + mode_ + " needs credentials: --tls-creds");
   if (!have && !t.hostname.empty())
     return Status::InvalidArgument("--tls-hostname needs TLS credentials: --tls-creds");

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "cli/serve_list.h"
 #include "nbd/tls.h"
+#include "nbdclient/list_exports.h"
 #include "util/result.h"
 
 namespace CLI {
@@ -41,7 +41,7 @@ class ServeTlsOptions {
   // --tls-creds DIR (a client's layout) or the id of an --object
   // tls-creds-x509/tls-creds-psk with endpoint=client, --tls-hostname,
   // --tls, --tls-verify-peer. A server's options are refused by name.
-  Result<ListTls> ListSettings() const;
+  Result<nbdclient::ListTls> ListSettings() const;
 
  private:
   Result<nbd::TlsSettings> Settings() const;

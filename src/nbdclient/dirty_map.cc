@@ -83,9 +83,4 @@ Result<DirtyMap> ReadDirtyMap(const std::string& uri, const std::string& bitmap)
   return map;
 }
 
-std::string NotExportedMessage(const std::string& uri, const std::string& bitmap) {
-  return uri + " does not export bitmap '" + bitmap +
-         "' (thindisk serve and qemu-nbd export one with -B " + bitmap + ")";
-}
-
 }  // namespace thindisk::nbdclient

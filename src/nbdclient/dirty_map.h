@@ -29,7 +29,12 @@ struct DirtyMap {
   std::vector<DirtyRange> dirty;  // ascending, merged
 };
 
+// In the NBD client module: the binary calls nbd_module::ReadDirtyMap.
 Result<DirtyMap> ReadDirtyMap(const std::string& uri, const std::string& bitmap);
-std::string NotExportedMessage(const std::string& uri, const std::string& bitmap);
+
+inline std::string NotExportedMessage(const std::string& uri, const std::string& bitmap) {
+  return uri + " does not export bitmap '" + bitmap +
+         "' (thindisk serve and qemu-nbd export one with -B " + bitmap + ")";
+}
 
 }  // namespace thindisk::nbdclient

@@ -1,4 +1,4 @@
-// `thindisk serve -L`: qemu-nbd's list mode. Connects to an NBD server as
+// nbdclient::ListExports: `thindisk serve -L`, qemu-nbd's list mode. Connects to an NBD server as
 // a client, lists its exports (NBD_OPT_LIST), asks each for its details
 // (NBD_OPT_INFO, NBD_OPT_LIST_META_CONTEXT) and prints them in qemu-nbd
 // -L's layout, so scripts that parse one parse the other:
@@ -16,24 +16,27 @@
 //
 // The flags are rebuilt from what libnbd reports per flag (all of NBD's
 // transmission flags but RESIZE, which libnbd does not expose).
-// Built on libnbd; without it (THINDISK_HAVE_LIBNBD unset) ListExports
-// returns kNotSupported.
+//
+// It lives in the NBD client module (nbdclient/nbd_module.h): the binary
+// calls nbd_module::ListExports.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
-#include "nbd/tls.h"
 #include "util/result.h"
 
-namespace thindisk::cli {
+namespace thindisk::nbdclient {
 
 // -L's TLS, a client's (the server's certificate checked against the CA in
 // x509_dir, a client certificate shown when there is one; or a PSK).
 struct ListTls {
-  // kOn: STARTTLS asked for, plaintext when the server has no TLS;
-  // kRequire: nothing but TLS.
-  nbd::TlsMode mode = nbd::TlsMode::kOff;
+  enum class Mode {
+    kOff,
+    kOn,       // STARTTLS asked for, plaintext when the server has no TLS
+    kRequire,  // nothing but TLS
+  };
+  Mode mode = Mode::kOff;
   std::string x509_dir;  // ca-cert.pem, client-cert.pem, client-key.pem
   std::string psk_file;  // username:hexkey lines
   std::string username;  // the PSK user
@@ -52,4 +55,4 @@ struct ListTarget {
 // reached or listed.
 Status ListExports(const ListTarget& target);
 
-}  // namespace thindisk::cli
+}  // namespace thindisk::nbdclient

@@ -1,24 +1,15 @@
-#include "cli/serve_list.h"
+#include "nbdclient/list_exports.h"
 
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#ifdef THINDISK_HAVE_LIBNBD
 #include <libnbd.h>
-#endif
 
-namespace thindisk::cli {
+#include "nbdclient/connection.h"  // LibnbdError
 
-#ifndef THINDISK_HAVE_LIBNBD
-
-Status ListExports(const ListTarget&) {
-  return Status::NotSupported("-L/--list: thindisk was built without libnbd");
-}
-
-#else
-
+namespace thindisk::nbdclient {
 namespace {
 
 struct Listed {
@@ -51,11 +42,6 @@ class Handle {
  private:
   struct nbd_handle* h_;
 };
-
-Status LibnbdError(const std::string& where) {
-  const char* e = nbd_get_error();
-  return Status::Internal(where + ": " + (e ? e : "unknown libnbd error"));
-}
 
 // One export's block, from NBD_OPT_INFO and NBD_OPT_LIST_META_CONTEXT.
 Status PrintExport(struct nbd_handle* h, const Listed& e, const std::string& server) {
@@ -105,9 +91,9 @@ Status PrintExport(struct nbd_handle* h, const Listed& e, const std::string& ser
 // libnbd checks the certificate chain only.
 Status SetTls(struct nbd_handle* h, const ListTarget& target) {
   const ListTls& tls = target.tls;
-  if (tls.mode == nbd::TlsMode::kOff) return Status::Ok();
+  if (tls.mode == ListTls::Mode::kOff) return Status::Ok();
   const auto failed = [] { return LibnbdError("-L/--list: TLS"); };
-  const int mode = tls.mode == nbd::TlsMode::kRequire ? LIBNBD_TLS_REQUIRE : LIBNBD_TLS_ALLOW;
+  const int mode = tls.mode == ListTls::Mode::kRequire ? LIBNBD_TLS_REQUIRE : LIBNBD_TLS_ALLOW;
   if (nbd_set_tls(h, mode) == -1) return failed();
   if (!tls.x509_dir.empty() && nbd_set_tls_certificates(h, tls.x509_dir.c_str()) == -1)
     return failed();
@@ -155,7 +141,7 @@ Status ListExports(const ListTarget& target) {
       .free = nullptr};
   if (nbd_opt_list(h, collect) == -1) {
     Status s = LibnbdError(server + ": listing exports");
-    if (target.tls.mode != nbd::TlsMode::kOff) return s;
+    if (target.tls.mode != ListTls::Mode::kOff) return s;
     return Status::Internal(s.message() + " (a server that requires TLS refuses a plaintext "
                                           "listing: give --tls-creds)");
   }
@@ -166,6 +152,4 @@ Status ListExports(const ListTarget& target) {
   return Status::Ok();
 }
 
-#endif
-
-}  // namespace thindisk::cli
+}  // namespace thindisk::nbdclient
