@@ -11,6 +11,7 @@
 #include "io/rados_name.h"
 #include "io/rados_storage.h"
 #include "io/rbd_storage.h"
+#include "util/module_entry.h"
 
 namespace thindisk::io::ceph_module {
 namespace {
@@ -41,7 +42,5 @@ using thindisk::io::ceph_module::ModuleTable;
 
 extern "C" __attribute__((visibility("default"))) const ModuleTable* thindisk_ceph_module(
     const ModuleLayout& caller, ModuleLayout* own) {
-  const ModuleLayout mine;
-  if (own) *own = mine;
-  return caller == mine ? &thindisk::io::ceph_module::kTable : nullptr;
+  return thindisk::util::AnswerLoader(caller, own, thindisk::io::ceph_module::kTable);
 }

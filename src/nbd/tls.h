@@ -1,6 +1,13 @@
 // TLS on the NBD server: NBD_OPT_STARTTLS (doc/proto.md, "TLS support"),
 // on GnuTLS.
 //
+// The GnuTLS code (nbd/tls_gnutls.h) lives in a module, thindisk-tls.so,
+// loaded by TlsServer::Create (util/module_loader.h says where it is looked
+// for): GnuTLS and the eight libraries it brings cost a cold start about
+// 10 ms, which every command would pay though only a server with TLS
+// credentials uses them. Without the module, or without GnuTLS, a server
+// asked for TLS fails to start saying why; everything else works.
+//
 // TlsServer holds what every session needs: the credentials (X.509 from a
 // directory with qemu's file names, or a GnuTLS PSK file), whether client
 // certificates are required, and the authorization list (tls_authz.h).
@@ -35,12 +42,10 @@
 
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "nbd/tls_authz.h"
 #include "nbd/transport.h"
 #include "util/result.h"
 
@@ -78,37 +83,24 @@ struct TlsSettings {
 inline constexpr const char* kDefaultTlsPriority =
     "NORMAL:%SERVER_PRECEDENCE:-AES-256-GCM:-CHACHA20-POLY1305:+AES-256-GCM:+CHACHA20-POLY1305";
 
-class TlsCredentials;  // loaded GnuTLS credentials (tls.cc)
-
 class TlsServer {
  public:
-  // Reads the credentials and the authz file; errors name the file.
+  // Loads the TLS module, then reads the credentials and the authz file;
+  // errors name the file (or say why the module cannot be loaded).
   static Result<std::shared_ptr<TlsServer>> Create(TlsSettings settings);
-  ~TlsServer();
+  virtual ~TlsServer() = default;
 
-  TlsMode mode() const { return settings_.mode; }
-  const TlsSettings& settings() const { return settings_; }
+  TlsMode mode() const { return settings().mode; }
+  virtual const TlsSettings& settings() const = 0;
   // Reads credentials and authz again; on error keeps the current ones.
-  Status Reload();
+  virtual Status Reload() = 0;
 
   // The TLS handshake on (in_fd, out_fd), then authorization. Errors:
   // kIoError for a failed handshake (with GnuTLS's reason), kBusy for a
   // refused identity (named in the message) or a cancelled wait, kNotFound
   // when the client hung up.
-  Result<std::unique_ptr<Transport>> Handshake(int in_fd, int out_fd, int cancel_fd) const;
-
- private:
-  struct State {
-    std::shared_ptr<const TlsCredentials> creds;
-    std::shared_ptr<const TlsAuthz> authz;
-  };
-  explicit TlsServer(TlsSettings settings) : settings_(std::move(settings)) {}
-  Result<State> Load() const;
-  State Current() const;
-
-  const TlsSettings settings_;
-  mutable std::mutex mu_;
-  State state_;  // guarded by mu_
+  virtual Result<std::unique_ptr<Transport>> Handshake(int in_fd, int out_fd,
+                                                       int cancel_fd) const = 0;
 };
 
 }  // namespace thindisk::nbd

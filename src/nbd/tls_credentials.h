@@ -1,5 +1,5 @@
 #pragma once
-// TLS credentials of the NBD server (private to src/nbd: tls.cc and
+// TLS credentials of the NBD server (private to src/nbd: tls_gnutls.cc and
 // tls_credentials.cc): --tls-creds DIR or --tls-psk FILE, loaded and
 // checked, and the GnuTLS priority they are used with.
 

@@ -5,6 +5,7 @@
 // stand in for the binary's.
 #include "nbdclient/nbd_module_abi.h"
 #include "nbdclient/nbd_storage.h"
+#include "util/module_entry.h"
 
 namespace thindisk::nbdclient::nbd_module {
 namespace {
@@ -24,7 +25,5 @@ using thindisk::nbdclient::nbd_module::ModuleTable;
 
 extern "C" __attribute__((visibility("default"))) const ModuleTable* thindisk_nbd_module(
     const ModuleLayout& caller, ModuleLayout* own) {
-  const ModuleLayout mine;
-  if (own) *own = mine;
-  return caller == mine ? &thindisk::nbdclient::nbd_module::kTable : nullptr;
+  return thindisk::util::AnswerLoader(caller, own, thindisk::nbdclient::nbd_module::kTable);
 }

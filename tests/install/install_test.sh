@@ -2,10 +2,10 @@
 # `cmake --install` of the already-built tree, judged as an operator meets it
 # (dist/CMakeLists.txt is the layout):
 #   1. the binary, and nothing else in bin/ (no test or bench programs);
-#      its Ceph and NBD client modules under lib*/thindisk/, which the
+#      its Ceph, NBD client and TLS modules under lib*/thindisk/, which the
 #      installed binary loads from there (LD_DEBUG=files) when a rados://
-#      name or an NBD URI needs them, and without which it never looks into
-#      the build tree;
+#      name, an NBD URI or a TLS server needs them, and without which it
+#      never looks into the build tree;
 #   2. a man page per subcommand `thindisk --help` lists, plus thindisk(1),
 #      each formatting without a groff warning, found by man(1) under the
 #      prefix, and naming every option SUB --help prints;
@@ -41,32 +41,39 @@ assert_eq "thindisk" "$(find "$PREFIX/bin" -mindepth 1 -printf '%f\n')" "the pro
 VERSION=$("$BIN" --version | awk '{ print $NF }')
 [[ -n $VERSION ]] || fail "$BIN --version printed no version"
 
-# installed_module FILE KIND NAME RAN: the module FILE is installed once,
-# under lib*/thindisk/ (util/module_loader.h), and `info NAME` (which must
-# fail: nothing is there) loads it from there, its error matching RAN.
-# Without it the installed binary says so (KIND's words) and never falls
-# back on the build tree's module (a build under /tmp would let anyone
-# plant one).
+# installed_module FILE KIND RAN ARGS...: the module FILE is installed
+# once, under lib*/thindisk/ (util/module_loader.h), and `thindisk ARGS`
+# (which must fail: nothing is there to reach) loads it from there, its
+# error matching RAN, which only the module's code says. Without it the
+# installed binary says so (KIND's words) and never falls back on the
+# build tree's module (a build under /tmp would let anyone plant one).
 installed_module() {
-  local file=$1 kind=$2 name=$3 ran=$4 module
+  local file=$1 kind=$2 ran=$3 module
+  shift 3
   module=$(find "$PREFIX" -name "$file")
   [[ $module == "$PREFIX"/lib*/thindisk/"$file" ]] ||
     fail "want one lib*/thindisk/$file under $PREFIX, found: ${module:-none}"
-  LD_DEBUG=files LD_DEBUG_OUTPUT=$TMP/ld "$BIN" info "$name" >module.out 2>module.err &&
-    fail "info $name succeeded"
+  LD_DEBUG=files LD_DEBUG_OUTPUT=$TMP/ld "$BIN" "$@" >module.out 2>module.err &&
+    fail "thindisk $* succeeded"
   grep -q "$ran" module.err || fail "the $kind module did not run: $(cat module.err)"
   grep -q "file=$module " "$TMP"/ld.* || fail "$BIN did not load $module: $(grep -h "$file" "$TMP"/ld.*)"
   rm -f "$TMP"/ld.*
   mv "$module" "$module.off"
-  "$BIN" info "$name" >module.out 2>module.err && fail "info $name without the installed module succeeded"
+  "$BIN" "$@" >module.out 2>module.err && fail "thindisk $* without the installed module succeeded"
   grep -qF "$kind support is not installed: no $file (looked for $module, " module.err ||
     fail "without its $kind module: $(cat module.err)"
   ! grep -F "$BUILD_DIR" module.err || fail "the installed binary looked into the build tree"
   mv "$module.off" "$module"
 }
-installed_module thindisk-ceph.so Ceph "rados://p/i?conf=$TMP/none.conf" "read ceph.conf ($TMP/none.conf"
-installed_module thindisk-nbd.so "NBD client" "nbd+unix:///?socket=$TMP/none.sock" \
-  "connect: No such file or directory"
+installed_module thindisk-ceph.so Ceph "read ceph.conf ($TMP/none.conf" \
+  info "rados://p/i?conf=$TMP/none.conf"
+installed_module thindisk-nbd.so "NBD client" "connect: No such file or directory" \
+  info "nbd+unix:///?socket=$TMP/none.sock"
+# A PSK file the module's credential loader rejects.
+echo "alice:not-hex" >bad.psk
+"$BIN" create -q -f qcow2 tls.qcow2 1M || fail "create with the installed binary"
+installed_module thindisk-tls.so TLS "bad.psk:1: expected username:hexkey" \
+  serve --tls-psk "$TMP/bad.psk" -k "$TMP/tls.sock" tls.qcow2
 
 # ---- 2. Man pages -----------------------------------------------------------
 MANDIR=$PREFIX/share/man/man1
@@ -133,7 +140,7 @@ DESTDIR=$TMP/stage "$CMAKE" --install "$BUILD_DIR" --prefix /usr/local >stage.lo
 staged=$TMP/stage/usr/local/lib/systemd/system/thindisk-serve@.service
 grep -qx 'ExecStart=/usr/local/bin/thindisk .*' "$staged" || fail "$staged does not run /usr/local/bin/thindisk"
 [[ -x $TMP/stage/usr/local/bin/thindisk ]] || fail "DESTDIR install has no usr/local/bin/thindisk"
-for module in thindisk-ceph.so thindisk-nbd.so; do
+for module in thindisk-ceph.so thindisk-nbd.so thindisk-tls.so; do
   compgen -G "$TMP/stage/usr/local/lib*/thindisk/$module" >/dev/null ||
     fail "DESTDIR install has no usr/local/lib*/thindisk/$module"
 done

@@ -32,6 +32,21 @@ loaded() {
   grep -q "file=[^ ]*$object" "$TMP/ldlog"
 }
 
+# local_work_skips FILE LIBRARY: create, io, convert, info, check and map
+# of local images (local.qcow2 with 0x5a at 1M-4M, and copy.qcow2, made
+# here) load neither the module FILE nor LIBRARY, and the copy has the same
+# bytes.
+local_work_skips() {
+  local file=$1 library=$2 cmd
+  td create -f qcow2 local.qcow2 64M
+  for cmd in "io -c 'write -P 0x5a 1M 3M' local.qcow2" "info local.qcow2" \
+             "convert -O qcow2 local.qcow2 copy.qcow2" "check copy.qcow2" "map copy.qcow2"; do
+    if eval loaded "$file" '"$TD"' "$cmd"; then fail "thindisk $cmd loaded $file"; fi
+    if grep -q "$library" "$TMP/ldlog"; then fail "thindisk $cmd loaded $library"; fi
+  done
+  ok "$QEMU_IMG" compare local.qcow2 copy.qcow2
+}
+
 # refuses_broken_modules MODULE KIND ENTRY FIELDS SONAME HINT ARGS...:
 # `thindisk ARGS` must fail with exit 1 and the loader's message when
 # THINDISK_MODULE_DIR holds, under MODULE's file name:
