@@ -3,7 +3,7 @@
 // (and asks for ours) keeps both streams intact and gets the server's
 // update; a server that renews its own keys every few thousand records
 // keeps them intact too. Each update makes a new GnuTLS epoch that copies
-// the other direction's sequence number: tls.cc's session_mu_ keeps the
+// the other direction's sequence number: tls_gnutls.cc's session_mu_ keeps the
 // sender from encrypting while the reader makes one, and the sender makes
 // its own only while the reader is outside gnutls_record_recv.
 #include <gnutls/gnutls.h>
@@ -289,7 +289,7 @@ TEST_P(TlsKeyUpdateTest, ClientKeyUpdatesWhileServerReadsAndSends) {
 }
 
 // The server's own renewals, with the reader mid-record at every client
-// record: without the reader check in tls.cc's MaybeRekey, every round
+// record: without the reader check in tls_gnutls.cc's MaybeRekey, every round
 // fails (the reader's next record does not decrypt).
 using TlsServerKeyUpdateTest = TlsKeyUpdateTest;
 TEST_P(TlsServerKeyUpdateTest, ServerRenewsItsKeysWhileReading) {
