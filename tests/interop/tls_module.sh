@@ -27,8 +27,6 @@ MODULE=$(dirname "$TD")/thindisk-tls.so
 [[ -f $MODULE ]] || fail "no module next to the built binary: $MODULE"
 echo "alice:00112233445566778899aabbccddeeff" >keys.psk
 tls_uri() { echo "nbds+unix://alice@/?socket=$TMP/$1&tls-psk-file=$TMP/keys.psk"; }
-# maps PID: the objects the process has mapped.
-maps() { cat "/proc/$1/maps"; }
 
 # 1. Not linked.
 log "ldd"
@@ -40,7 +38,7 @@ local_work_skips thindisk-tls.so libgnutls
 serve_unix plain "$TMP/plain.sock" copy.qcow2
 wait_accepting "nbd+unix:///?socket=$TMP/plain.sock"
 ok "$QEMU_IO" -f raw -c 'read -P 0x5a 1M 3M' "nbd+unix:///?socket=$TMP/plain.sock"
-if maps "$SERVER_PID" | grep -E 'thindisk-tls|libgnutls'; then
+if grep -E 'thindisk-tls|libgnutls' "/proc/$SERVER_PID/maps"; then
   fail "a plaintext server loaded the TLS module"
 fi
 kill_server "$SERVER_PID"
@@ -48,8 +46,10 @@ serve_unix tls "$TMP/tls.sock" --tls-psk "$TMP/keys.psk" -r copy.qcow2
 wait_for_socket "$TMP/tls.sock"
 ok nbdinfo --size "$(tls_uri tls.sock)"
 assert_eq 67108864 "$(cat "$OUT")" "the export's size over TLS"
-maps "$SERVER_PID" | grep -q "$MODULE" || fail "the TLS server did not load $MODULE"
-maps "$SERVER_PID" | grep -q libgnutls || fail "the TLS server did not load GnuTLS"
+# grep reads the file itself: `cat | grep -q` fails under pipefail when
+# grep's early exit gives cat a SIGPIPE.
+grep -qF "$MODULE" "/proc/$SERVER_PID/maps" || fail "the TLS server did not load $MODULE"
+grep -q libgnutls "/proc/$SERVER_PID/maps" || fail "the TLS server did not load GnuTLS"
 kill_server "$SERVER_PID"
 
 # 3. Without it.
