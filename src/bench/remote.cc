@@ -35,7 +35,6 @@ Result<PhaseRun> RunOps(nbdclient::Pipeline& pipe, bool writes, const std::vecto
   const Clock::time_point start = Clock::now();
   uint64_t next = 0;
   PhaseRun run;
-  LatencyLog log;
   nbdclient::Pipeline::Calls calls;
   calls.next = [&](nbdclient::PipelineRequest& r) {
     if (next >= total) return false;
@@ -48,7 +47,7 @@ Result<PhaseRun> RunOps(nbdclient::Pipeline& pipe, bool writes, const std::vecto
     return true;
   };
   calls.done = [&](const nbdclient::PipelineRequest& r, uint64_t nanos) {
-    log.Add(nanos);
+    run.latencies.Add(nanos);
     run.bytes += r.length;
     ++run.executed;
   };
@@ -60,7 +59,6 @@ Result<PhaseRun> RunOps(nbdclient::Pipeline& pipe, bool writes, const std::vecto
     run.finish_seconds = std::chrono::duration<double>(Clock::now() - f).count();
   }
   run.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  run.latencies = std::move(log);
   if (progress) progress(total, total);
   return run;
 }

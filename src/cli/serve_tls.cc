@@ -276,15 +276,11 @@ Result<nbdclient::ListTls> ServeTlsOptions::ListSettings() const {
         "-L/--list with a PSK names its user: --object tls-creds-psk,id=ID,dir=DIR,"
         "endpoint=client,username=USER --tls-creds ID (DIR/keys.psk)");
   const bool have = !t.x509_dir.empty() || !t.psk_file.empty();
-  using Mode = nbdclient::ListTls::Mode;
-  t.mode = have ? Mode::kRequire : Mode::kOff;
+  t.mode = have ? nbd::TlsMode::kRequire : nbd::TlsMode::kOff;
   if (!mode_.empty()) {
-    TD_ASSIGN_OR_RETURN(nbd::TlsMode mode, nbd::ParseTlsMode(mode_));
-    t.mode = mode == nbd::TlsMode::kRequire ? Mode::kRequire
-             : mode == nbd::TlsMode::kOn    ? Mode::kOn
-                                            : Mode::kOff;
+    TD_ASSIGN_OR_RETURN(t.mode, nbd::ParseTlsMode(mode_));
   }
-  if (t.mode != Mode::kOff && !have)
+  if (t.mode != nbd::TlsMode::kOff && !have)
     return Status::InvalidArgument("--tls=" + mode_ + " needs credentials: --tls-creds");
   if (!have && !t.hostname.empty())
     return Status::InvalidArgument("--tls-hostname needs TLS credentials: --tls-creds");

@@ -23,10 +23,6 @@ const util::ModuleSpec& Spec() {
   return spec;
 }
 
-Result<const ModuleTable*> Open() {
-  return util::LoadModuleTable<ModuleTable, ModuleLayout>(Spec());
-}
-
 // The release handler, kept so a module loaded later gets it.
 struct Shared {
   std::mutex mu;
@@ -41,7 +37,7 @@ Shared& State() {
 
 Result<const ModuleTable*> Module() {
   static const Result<const ModuleTable*> loaded = [] {
-    Result<const ModuleTable*> opened = Open();
+    Result<const ModuleTable*> opened = util::LoadModuleTable<ModuleTable, ModuleLayout>(Spec());
     if (opened) {
       Shared& s = State();
       std::lock_guard<std::mutex> lock(s.mu);

@@ -91,9 +91,9 @@ Status PrintExport(struct nbd_handle* h, const Listed& e, const std::string& ser
 // libnbd checks the certificate chain only.
 Status SetTls(struct nbd_handle* h, const ListTarget& target) {
   const ListTls& tls = target.tls;
-  if (tls.mode == ListTls::Mode::kOff) return Status::Ok();
+  if (tls.mode == nbd::TlsMode::kOff) return Status::Ok();
   const auto failed = [] { return LibnbdError("-L/--list: TLS"); };
-  const int mode = tls.mode == ListTls::Mode::kRequire ? LIBNBD_TLS_REQUIRE : LIBNBD_TLS_ALLOW;
+  const int mode = tls.mode == nbd::TlsMode::kRequire ? LIBNBD_TLS_REQUIRE : LIBNBD_TLS_ALLOW;
   if (nbd_set_tls(h, mode) == -1) return failed();
   if (!tls.x509_dir.empty() && nbd_set_tls_certificates(h, tls.x509_dir.c_str()) == -1)
     return failed();
@@ -118,9 +118,7 @@ Status SetTls(struct nbd_handle* h, const ListTarget& target) {
 }  // namespace
 
 Status ListExports(const ListTarget& target) {
-  const std::string server = target.unix_socket.empty()
-                                 ? target.host + ":" + std::to_string(target.port)
-                                 : target.unix_socket;
+  const std::string server = target.Server();
   Handle handle;
   struct nbd_handle* h = handle.get();
   if (h == nullptr) return LibnbdError("-L/--list");
@@ -141,7 +139,7 @@ Status ListExports(const ListTarget& target) {
       .free = nullptr};
   if (nbd_opt_list(h, collect) == -1) {
     Status s = LibnbdError(server + ": listing exports");
-    if (target.tls.mode != ListTls::Mode::kOff) return s;
+    if (target.tls.mode != nbd::TlsMode::kOff) return s;
     return Status::Internal(s.message() + " (a server that requires TLS refuses a plaintext "
                                           "listing: give --tls-creds)");
   }

@@ -1,5 +1,6 @@
-// nbdclient::ListExports: `thindisk serve -L`, qemu-nbd's list mode. Connects to an NBD server as
-// a client, lists its exports (NBD_OPT_LIST), asks each for its details
+// nbdclient::ListExports: `thindisk serve -L`, qemu-nbd's list mode.
+// Connects to an NBD server as a client, lists its exports (NBD_OPT_LIST),
+// asks each for its details
 // (NBD_OPT_INFO, NBD_OPT_LIST_META_CONTEXT) and prints them in qemu-nbd
 // -L's layout, so scripts that parse one parse the other:
 //
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <string>
 
+#include "nbd/tls.h"  // TlsMode
 #include "util/result.h"
 
 namespace thindisk::nbdclient {
@@ -31,12 +33,9 @@ namespace thindisk::nbdclient {
 // -L's TLS, a client's (the server's certificate checked against the CA in
 // x509_dir, a client certificate shown when there is one; or a PSK).
 struct ListTls {
-  enum class Mode {
-    kOff,
-    kOn,       // STARTTLS asked for, plaintext when the server has no TLS
-    kRequire,  // nothing but TLS
-  };
-  Mode mode = Mode::kOff;
+  // kOn: STARTTLS asked for, plaintext when the server has no TLS;
+  // kRequire: nothing but TLS.
+  nbd::TlsMode mode = nbd::TlsMode::kOff;
   std::string x509_dir;  // ca-cert.pem, client-cert.pem, client-key.pem
   std::string psk_file;  // username:hexkey lines
   std::string username;  // the PSK user
@@ -49,6 +48,11 @@ struct ListTarget {
   std::string host = "127.0.0.1";
   uint16_t port = 10809;
   ListTls tls;
+
+  // The server as errors name it: the socket's path, or HOST:PORT.
+  std::string Server() const {
+    return unix_socket.empty() ? host + ":" + std::to_string(port) : unix_socket;
+  }
 };
 
 // Prints the listing on stdout. Errors name the server that could not be

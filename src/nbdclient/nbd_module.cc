@@ -51,10 +51,7 @@ Result<DirtyMap> ReadDirtyMap(const std::string& uri, const std::string& bitmap)
 }
 
 Status ListExports(const ListTarget& target) {
-  const std::string server = target.unix_socket.empty()
-                                 ? target.host + ":" + std::to_string(target.port)
-                                 : target.unix_socket;
-  TD_ASSIGN_OR_RETURN(const ModuleTable* m, ModuleFor("-L/--list " + server));
+  TD_ASSIGN_OR_RETURN(const ModuleTable* m, ModuleFor("-L/--list " + target.Server()));
   return m->list_exports(target);
 }
 

@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Helpers for the module tests (tests/ceph/module.sh,
-# tests/interop/nbd_module.sh): thindisk's modules are loaded on demand
+# tests/interop/nbd_module.sh, tests/interop/tls_module.sh): thindisk's
+# modules are loaded on demand
 # (src/util/module_loader.h). Source after tests/interop/lib.sh (td_fails,
 # fail, $TMP, $OUT, $ERR).
 
