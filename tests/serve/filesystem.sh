@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# A real filesystem on a served disk: `thindisk serve` -> nbdfuse -> a loop
+# device -> ext4, as a VM's guest would use it, judged by tools no one here
+# wrote (mkfs.ext4, e2fsck, fstrim, diff, and qemu's own qcow2 driver).
+#
+# 1. mkfs.ext4 on a fresh thin image, a tree of files copied in (large and
+#    small random files, a sparse one, a symlink, an empty file), fio
+#    --verify writing files at once with direct I/O, unmounted,
+#    e2fsck clean; the image passes qemu-img check.
+# 2. fstrim after deleting the large files gives their host space back (the
+#    image file's allocation shrinks by most of what was deleted).
+# 3. qemu-nbd, read-only, exports the same image: the filesystem it shows is
+#    clean and holds exactly the tree.
+# 4. A clone over that image (thindisk create -b): files changed, added and
+#    deleted through the clone, fstrim; the base file is not touched, and
+#    qemu-nbd of the clone shows exactly the changed tree.
+# Needs root, /dev/fuse and loop devices (the CI machine has them).
+source "$(dirname "$0")/lib.sh"
+require_tool nbdfuse losetup mkfs.ext4 e2fsck fstrim mount umount qemu-img qemu-nbd fio
+[[ $(id -u) == 0 && -c /dev/fuse && -e /dev/loop-control ]] ||
+  skip_or_fail "needs root, /dev/fuse and /dev/loop-control"
+
+SIZE=$((512 << 20))
+LOOP=""
+
+# unmount_all: what is mounted goes, innermost first; lazily, so a dead
+# server cannot hang the cleanup.
+unmount_all() {
+  mountpoint -q mnt && { umount mnt 2>/dev/null || umount -l mnt; }
+  if [[ -n $LOOP ]]; then
+    losetup -d "$LOOP" 2>/dev/null || true
+    LOOP=""
+  fi
+  mountpoint -q fuse && { umount fuse 2>/dev/null || umount -l fuse; }
+  return 0
+}
+trap 'unmount_all; cleanup' EXIT
+mkdir fuse mnt
+
+# attach URI [ro]: the export as /dev/loopN ($LOOP), through nbdfuse.
+attach() {
+  local ro=() i
+  [[ ${2:-} == ro ]] && ro=(-r)
+  spawn nbdfuse nbdfuse "${ro[@]}" fuse/disk "$1"
+  FUSE_PID=$SERVER_PID
+  for ((i = 0; i < 200; i++)); do
+    [[ -e fuse/disk ]] && break
+    kill -0 "$FUSE_PID" 2>/dev/null || { cat nbdfuse.err >&2; fail "nbdfuse exited"; }
+    sleep 0.05
+  done
+  [[ -e fuse/disk ]] || fail "nbdfuse did not show the export within 10 s"
+  LOOP=$(losetup -f --show "${ro[@]}" fuse/disk) || fail "losetup on the nbdfuse file failed"
+}
+
+# detach: unmounts and waits for nbdfuse, which hangs up on the server.
+detach() {
+  unmount_all
+  wait_exit "$FUSE_PID" nbdfuse "the FUSE unmount"
+}
+
+# fs_check WHAT: e2fsck -fn of the (unmounted) loop device must be clean.
+fs_check() {
+  timeout 120 e2fsck -fn "$LOOP" >fsck.out 2>&1 || { cat fsck.out >&2; fail "e2fsck: $1"; }
+}
+
+# allocated FILE: bytes the host file system holds for FILE.
+allocated() { echo $(($(stat -c %b "$1") * $(stat -c %B "$1"))); }
+
+# qemu_shows TREE IMAGE WHAT: qemu-nbd exports IMAGE read-only; the
+# filesystem on it is clean and its data/ is exactly TREE.
+qemu_shows() {
+  qemu_nbd_unix qemu "$PWD/q.sock" -t -r -f qcow2 "$2"
+  local qpid=$SERVER_PID
+  attach "nbd+unix:///?socket=$PWD/q.sock" ro
+  fs_check "$3 (through qemu-nbd)"
+  mount -o ro "$LOOP" mnt || fail "$3: mount through qemu-nbd failed"
+  diff -r --no-dereference "$1" mnt/data >diff.out 2>&1 ||
+    { head -20 diff.out >&2; fail "$3: qemu-nbd shows another tree"; }
+  detach
+  kill_server "$qpid"
+}
+
+log "the tree"
+mkdir -p src/big src/small/a/b
+for i in 1 2 3 4 5 6; do head -c $((4 << 20)) /dev/urandom >src/big/f$i; done
+for i in $(seq 300); do head -c $((RANDOM % 65536 + 1)) /dev/urandom >src/small/s$i; done
+for i in $(seq 40); do head -c $((RANDOM % 8192)) /dev/urandom >src/small/a/b/t$i; done
+truncate -s 32M src/sparse
+printf 'in the middle\n' | dd of=src/sparse bs=1M seek=17 conv=notrunc status=none
+: >src/empty
+ln -s small/s1 src/link
+big_bytes=$((6 * (4 << 20)))
+
+log "1. mkfs.ext4 and a copy through thindisk serve"
+"$TD" create -q -f qcow2 base.qcow2 $SIZE
+serve_unix td td.sock base.qcow2
+pid=$SERVER_PID
+attach "nbd+unix:///?socket=$PWD/td.sock"
+timeout 120 mkfs.ext4 -q "$LOOP" || fail "mkfs.ext4 on the served disk failed"
+mount "$LOOP" mnt || fail "mount of the new filesystem failed"
+cp -a src mnt/data || fail "copy into the filesystem failed"
+sync -f mnt
+diff -r --no-dereference src mnt/data >diff.out 2>&1 ||
+  { head -20 diff.out >&2; fail "the mounted tree differs from what was copied"; }
+# Concurrent direct I/O in files of the filesystem, each block checked.
+timeout 120 fio --name=fs --directory=mnt --numjobs=4 --size=8M --rw=randwrite --bs=4k \
+  --ioengine=libaio --iodepth=8 --direct=1 --verify=crc32c --verify_fatal=1 \
+  --randseed=$RANDOM --output=fio.out >/dev/null 2>fio.err ||
+  { cat fio.err fio.out >&2; fail "fio --verify in the filesystem failed"; }
+rm -f mnt/fs.*
+
+log "2. fstrim gives deleted files' space back"
+# Blocks of deleted files are free for fstrim once the deletion commits.
+sync -f mnt
+timeout 120 fstrim mnt >/dev/null || fail "fstrim failed"
+before=$(allocated base.qcow2)
+rm -r mnt/data/big
+sync -f mnt
+timeout 120 fstrim mnt >/dev/null || fail "fstrim failed"
+sync -f mnt
+after=$(allocated base.qcow2)
+echo "image allocation: $before bytes, $after after deleting $big_bytes and fstrim"
+(((before - after) * 4 >= big_bytes * 3)) ||
+  fail "fstrim freed $((before - after)) bytes of the image; the deleted files held $big_bytes"
+rm -r src/big
+umount mnt
+fs_check "after the copy and fstrim"
+detach
+stop_server "$pid" td
+check_clean base.qcow2
+
+log "3. qemu-nbd reads the same filesystem"
+qemu_shows src base.qcow2 "the base"
+
+log "4. a clone: changes go to it, the base stays as it was"
+base_sum=$(sha256sum <base.qcow2)
+"$TD" create -q -f qcow2 -b base.qcow2 -F qcow2 clone.qcow2
+cp -a src want
+serve_unix td td.sock clone.qcow2
+pid=$SERVER_PID
+attach "nbd+unix:///?socket=$PWD/td.sock"
+mount "$LOOP" mnt || fail "mount through the clone failed"
+diff -r --no-dereference want mnt/data >diff.out 2>&1 ||
+  { head -20 diff.out >&2; fail "the clone does not show the base's tree"; }
+head -c $((6 << 20)) /dev/urandom >want/new
+cp want/new mnt/data/new
+for i in $(seq 1 3 300); do rm want/small/s$i mnt/data/small/s$i; done
+for i in $(seq 2 5 300); do
+  head -c 3000 /dev/urandom | tee -a want/small/s$i >>mnt/data/small/s$i
+done
+printf 'changed\n' | dd of=want/sparse bs=1M seek=3 conv=notrunc status=none
+printf 'changed\n' | dd of=mnt/data/sparse bs=1M seek=3 conv=notrunc status=none
+sync -f mnt
+timeout 120 fstrim mnt >/dev/null || fail "fstrim in the clone failed"
+sync -f mnt
+diff -r --no-dereference want mnt/data >diff.out 2>&1 ||
+  { head -20 diff.out >&2; fail "the clone's tree differs from what was written"; }
+umount mnt
+fs_check "the clone"
+detach
+stop_server "$pid" td
+check_clean clone.qcow2
+[[ $(sha256sum <base.qcow2) == "$base_sum" ]] || fail "serving the clone changed its base"
+qemu_shows want clone.qcow2 "the clone"
+qemu_shows src base.qcow2 "the base after the clone"
+log "filesystem: ok"
