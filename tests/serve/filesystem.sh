@@ -16,52 +16,11 @@
 #    qemu-nbd of the clone shows exactly the changed tree.
 # Needs root, /dev/fuse and loop devices (the CI machine has them).
 source "$(dirname "$0")/lib.sh"
-require_tool nbdfuse losetup mkfs.ext4 e2fsck fstrim mount umount qemu-img qemu-nbd fio
-[[ $(id -u) == 0 && -c /dev/fuse && -e /dev/loop-control ]] ||
-  skip_or_fail "needs root, /dev/fuse and /dev/loop-control"
+require_tool fstrim qemu-img qemu-nbd fio
+# shellcheck source=fs_lib.sh
+source "$SERVE_DIR/fs_lib.sh"
 
 SIZE=$((512 << 20))
-LOOP=""
-
-# unmount_all: what is mounted goes, innermost first; lazily, so a dead
-# server cannot hang the cleanup.
-unmount_all() {
-  mountpoint -q mnt && { umount mnt 2>/dev/null || umount -l mnt; }
-  if [[ -n $LOOP ]]; then
-    losetup -d "$LOOP" 2>/dev/null || true
-    LOOP=""
-  fi
-  mountpoint -q fuse && { umount fuse 2>/dev/null || umount -l fuse; }
-  return 0
-}
-trap 'unmount_all; cleanup' EXIT
-mkdir fuse mnt
-
-# attach URI [ro]: the export as /dev/loopN ($LOOP), through nbdfuse.
-attach() {
-  local ro=() i
-  [[ ${2:-} == ro ]] && ro=(-r)
-  spawn nbdfuse nbdfuse "${ro[@]}" fuse/disk "$1"
-  FUSE_PID=$SERVER_PID
-  for ((i = 0; i < 200; i++)); do
-    [[ -e fuse/disk ]] && break
-    kill -0 "$FUSE_PID" 2>/dev/null || { cat nbdfuse.err >&2; fail "nbdfuse exited"; }
-    sleep 0.05
-  done
-  [[ -e fuse/disk ]] || fail "nbdfuse did not show the export within 10 s"
-  LOOP=$(losetup -f --show "${ro[@]}" fuse/disk) || fail "losetup on the nbdfuse file failed"
-}
-
-# detach: unmounts and waits for nbdfuse, which hangs up on the server.
-detach() {
-  unmount_all
-  wait_exit "$FUSE_PID" nbdfuse "the FUSE unmount"
-}
-
-# fs_check WHAT: e2fsck -fn of the (unmounted) loop device must be clean.
-fs_check() {
-  timeout 120 e2fsck -fn "$LOOP" >fsck.out 2>&1 || { cat fsck.out >&2; fail "e2fsck: $1"; }
-}
 
 # allocated FILE: bytes the host file system holds for FILE.
 allocated() { echo $(($(stat -c %b "$1") * $(stat -c %B "$1"))); }
