@@ -148,7 +148,23 @@ class ImageImpl final : public Image {
   // cuts, which is outside what they cover).
   Status ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool fast_only, bool discard,
                    bool mark = true);
-  Status ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bool unmap, bool discard);
+  // Whole host clusters that a zero or discard released, kept until they
+  // are punched together: clusters that follow each other on the host go
+  // in one PunchHole (one fallocate for a file; whole objects removed
+  // from a RADOS pool, where a cluster alone is only zeroed inside its
+  // object). Their frees are queued only after the punch.
+  struct PunchRun {
+    uint64_t start = 0, end = 0;  // host bytes [start, end)
+    std::vector<L2Mapping> released;
+  };
+  Status ZeroPieces(uint64_t offset, uint64_t length, bool unmap, bool discard, PunchRun* run);
+  Status ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bool unmap, bool discard,
+                         PunchRun* run);
+  // Adds `m`'s host cluster to `run`, punching the run first when the
+  // cluster does not extend it (or it is full).
+  Status QueuePunch(PunchRun* run, const L2Mapping& m);
+  // Punches the run and queues its clusters' frees; leaves it empty.
+  Status PunchNow(PunchRun* run);
   uint64_t ClusterBytes(uint64_t gc) const;  // cs, or less for the image's last cluster
 
   // ---- shrink (image_resize.cc) ----

@@ -41,6 +41,16 @@ Status ImageImpl::ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool f
   }
   if (mark) TD_RETURN_IF_ERROR(MarkChanged(offset, length));
   ChangeDone change_done(mark ? tracker_.get() : nullptr);
+  PunchRun run;
+  Status s = ZeroPieces(offset, length, unmap || discard, discard, &run);
+  // Punched and freed even after an error: the released clusters are no
+  // longer mapped, so they would otherwise leak.
+  Status p = PunchNow(&run);
+  return s.ok() ? p : s;
+}
+
+Status ImageImpl::ZeroPieces(uint64_t offset, uint64_t length, bool unmap, bool discard,
+                             PunchRun* run) {
   uint64_t done = 0;
   const uint64_t l2_span = l2_entries_ * cs();
   while (done < length) {
@@ -59,14 +69,39 @@ Status ImageImpl::ZeroRange(uint64_t offset, uint64_t length, bool unmap, bool f
       }
     }
     auto guard = range_lock_.Lock(gc, 1);
-    TD_RETURN_IF_ERROR(ZeroPieceLocked(gc, in_off, len, unmap || discard, discard));
+    TD_RETURN_IF_ERROR(ZeroPieceLocked(gc, in_off, len, unmap, discard, run));
     done += len;
   }
   return Status::Ok();
 }
 
+Status ImageImpl::QueuePunch(PunchRun* run, const L2Mapping& m) {
+  // A run of 4096 clusters (512 MiB at 128 KiB) bounds what it holds.
+  constexpr size_t kMaxRun = 4096;
+  if (!run->released.empty() && (m.host_offset != run->end || run->released.size() >= kMaxRun))
+    TD_RETURN_IF_ERROR(PunchNow(run));
+  if (run->released.empty()) run->start = run->end = m.host_offset;
+  run->end += cs();
+  run->released.push_back(m);
+  return Status::Ok();
+}
+
+Status ImageImpl::PunchNow(PunchRun* run) {
+  if (run->released.empty()) return Status::Ok();
+  storage_->Announce(io::Event::kDiscardPunch);
+  Status p = storage_->PunchHole(run->start, run->end - run->start);
+  std::vector<L2Mapping> released;
+  released.swap(run->released);
+  // A failed punch leaves the clusters unfreed (leaked, never reused with
+  // their old bytes); `check -r leaks` reclaims them.
+  if (!p.ok() && p.code() != Code::kNotSupported) return p;
+  std::lock_guard lock(mu_);
+  for (const L2Mapping& m : released) FreeMappingLocked(m);
+  return Status::Ok();
+}
+
 Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bool unmap,
-                                  bool /*discard*/) {
+                                  bool /*discard*/, PunchRun* run) {
   L2Mapping m;
   {
     std::lock_guard lock(mu_);
@@ -127,15 +162,11 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
     if (keep) return Status::Ok();
     // Nothing in memory points at the old cluster now. Release its space
     // before its free is queued, so the free can never be applied (and the
-    // cluster reused) before the punch. A shared or compressed host cluster
-    // is not ours to punch.
+    // cluster reused) before the punch: the run punches, then frees. A
+    // shared or compressed host cluster is not ours to punch.
     bool ours = (m.kind == ClusterKind::kNormal || m.kind == ClusterKind::kZero) && m.copied &&
                 m.host_offset != 0;
-    if (ours) {
-      storage_->Announce(io::Event::kDiscardPunch);
-      Status p = storage_->PunchHole(m.host_offset, cs());
-      if (!p.ok() && p.code() != Code::kNotSupported) return p;
-    }
+    if (ours) return QueuePunch(run, m);
     std::lock_guard lock(mu_);
     FreeMappingLocked(m);
     return Status::Ok();

@@ -1,4 +1,5 @@
 // Write-zeroes, discard, no stale bytes, block status, backing chains.
+#include "io/faulty_storage.h"
 #include "qcow2/image_test_util.h"
 
 namespace thindisk::qcow2 {
@@ -148,6 +149,48 @@ TEST(ImageZeroTest, DiscardPunchesHostSpace) {
   ASSERT_TRUE(m.image->Discard(0, 8 << 20).ok());
   ASSERT_TRUE(m.image->Flush().ok());
   EXPECT_LE(*m.storage->AllocatedBytes() + (7 << 20), full);
+}
+
+// Discards clusters written in `order` (guest cluster indexes, 64 KiB
+// each), then writes new data over them: how many punches the discard took.
+uint64_t DiscardPunches(const std::vector<uint64_t>& order) {
+  constexpr uint64_t kCluster = 65536;
+  auto mem = io::NewMemoryStorage("test.qcow2");
+  EXPECT_TRUE(Create(*mem, Opts(65536, false)).ok());
+  auto faulty = io::NewFaultyStorage(std::move(mem));
+  EXPECT_TRUE(faulty.has_value());
+  io::FaultyStorage* storage = faulty->get();
+  auto img = Image::Open(std::move(*faulty), {});
+  EXPECT_TRUE(img.has_value());
+  Image& image = **img;
+  for (uint64_t gc : order) EXPECT_TRUE(image.Write(gc * kCluster, Pattern(1, kCluster)).ok());
+  EXPECT_TRUE(image.Flush().ok());
+  const uint64_t full = *storage->AllocatedBytes();
+  const uint64_t punches = storage->event_count(io::Event::kDiscardPunch);
+  EXPECT_TRUE(image.Discard(0, order.size() * kCluster).ok());
+  EXPECT_TRUE(image.Flush().ok());
+  // Every cluster's space came back.
+  EXPECT_LE(*storage->AllocatedBytes() + order.size() * kCluster, full);
+  const uint64_t taken = storage->event_count(io::Event::kDiscardPunch) - punches;
+  // The freed clusters are reused for new data, which no punch may touch.
+  const size_t bytes = order.size() * kCluster;
+  EXPECT_TRUE(image.Write(0, Pattern(2, bytes)).ok());
+  EXPECT_TRUE(image.Flush().ok());
+  EXPECT_EQ(ReadAll(image, 0, bytes), Pattern(2, bytes));
+  return taken;
+}
+
+TEST(ImageZeroTest, DiscardPunchesClustersThatFollowOnTheHostAtOnce) {
+  // Written in order, 128 clusters lie in one or two host runs (the L2
+  // table may come between the first and the rest): one punch each, which
+  // lets a RADOS pool remove whole objects.
+  std::vector<uint64_t> forward(128);
+  for (uint64_t i = 0; i < forward.size(); ++i) forward[i] = i;
+  EXPECT_LE(DiscardPunches(forward), 2u);
+  // Written backwards, no cluster follows the one before it on the host:
+  // one punch per cluster, and all of them still freed.
+  std::vector<uint64_t> backward(forward.rbegin(), forward.rend());
+  EXPECT_EQ(DiscardPunches(backward), 128u);
 }
 
 TEST(ImageZeroTest, BlockStatusReportsDataZeroAndHoles) {
