@@ -52,9 +52,7 @@ big_bytes=$((6 * (4 << 20)))
 
 log "1. mkfs.ext4 and a copy through thindisk serve"
 "$TD" create -q -f qcow2 base.qcow2 $SIZE
-serve_unix td td.sock base.qcow2
-pid=$SERVER_PID
-attach "nbd+unix:///?socket=$PWD/td.sock"
+serve_attached base.qcow2
 timeout 120 mkfs.ext4 -q "$LOOP" || fail "mkfs.ext4 on the served disk failed"
 mount "$LOOP" mnt || fail "mount of the new filesystem failed"
 cp -a src mnt/data || fail "copy into the filesystem failed"
@@ -85,7 +83,7 @@ rm -r src/big
 umount mnt
 fs_check "after the copy and fstrim"
 detach
-stop_server "$pid" td
+stop_server "$SRV" td
 check_clean base.qcow2
 
 log "3. qemu-nbd reads the same filesystem"
@@ -95,9 +93,7 @@ log "4. a clone: changes go to it, the base stays as it was"
 base_sum=$(sha256sum <base.qcow2)
 "$TD" create -q -f qcow2 -b base.qcow2 -F qcow2 clone.qcow2
 cp -a src want
-serve_unix td td.sock clone.qcow2
-pid=$SERVER_PID
-attach "nbd+unix:///?socket=$PWD/td.sock"
+serve_attached clone.qcow2
 mount "$LOOP" mnt || fail "mount through the clone failed"
 diff -r --no-dereference want mnt/data >diff.out 2>&1 ||
   { head -20 diff.out >&2; fail "the clone does not show the base's tree"; }
@@ -117,7 +113,7 @@ diff -r --no-dereference want mnt/data >diff.out 2>&1 ||
 umount mnt
 fs_check "the clone"
 detach
-stop_server "$pid" td
+stop_server "$SRV" td
 check_clean clone.qcow2
 [[ $(sha256sum <base.qcow2) == "$base_sum" ]] || fail "serving the clone changed its base"
 qemu_shows want clone.qcow2 "the clone"
