@@ -17,7 +17,7 @@
 # Needs root, /dev/fuse and loop devices (the CI machine has them).
 source "$(dirname "$0")/lib.sh"
 require_tool fstrim qemu-img qemu-nbd fio
-# shellcheck source=fs_lib.sh
+# shellcheck source=fs_lib.sh source-path=SCRIPTDIR
 source "$SERVE_DIR/fs_lib.sh"
 
 SIZE=$((512 << 20))

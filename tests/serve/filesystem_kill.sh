@@ -10,7 +10,7 @@
 # qemu-img check. tests/ceph/filesystem.sh does the same on RADOS.
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-img
-# shellcheck source=fs_lib.sh
+# shellcheck source=fs_lib.sh source-path=SCRIPTDIR
 source "$SERVE_DIR/fs_lib.sh"
 
 random_seed

@@ -11,6 +11,7 @@ require_tool nbdfuse losetup mkfs.ext4 e2fsck mount umount
 
 LOOP=""
 FUSE_PID=""
+LOCAL_LOOP="" # a loop device on a local file (a restored backup), on restored/
 
 # mounted DIR: DIR (in the temp dir) is a mount point. From the mount
 # table: a FUSE mount whose daemon died fails every stat (ENOTCONN).
@@ -19,6 +20,11 @@ mounted() { grep -q " $PWD/$1 " /proc/self/mounts; }
 # unmount_all: what is mounted goes, innermost first; lazily when busy, so
 # a dead server cannot hang the cleanup.
 unmount_all() {
+  if mounted restored; then umount restored 2>/dev/null || umount -l restored; fi
+  if [[ -n $LOCAL_LOOP ]]; then
+    losetup -d "$LOCAL_LOOP" 2>/dev/null || true
+    LOCAL_LOOP=""
+  fi
   if mounted mnt; then umount mnt 2>/dev/null || umount -l mnt; fi
   if [[ -n $LOOP ]]; then
     losetup -d "$LOOP" 2>/dev/null || true
@@ -56,10 +62,13 @@ fs_check() {
   timeout 120 e2fsck -fn "$LOOP" >fsck.out 2>&1 || { cat fsck.out >&2; fail "e2fsck: $1"; }
 }
 
-# serve_attached IMAGE: `thindisk serve IMAGE` on td.sock (SRV), attached.
+# serve_attached IMAGE [ARGS...]: `thindisk serve ARGS IMAGE` on td.sock
+# (SRV), attached.
 serve_attached() {
+  local image=$1
+  shift
   rm -f td.sock # a killed server leaves its socket file
-  start_server td -k td.sock "$1"
+  start_server td -k td.sock "$@" "$image"
   SRV=$SERVER_PID
   wait_accepting "nbd+unix:///?socket=$PWD/td.sock"
   attach "nbd+unix:///?socket=$PWD/td.sock"
