@@ -21,6 +21,7 @@
 #include "cli/image_create.h"
 #include "io/rados_name.h"
 #include "io/rbd_name.h"
+#include "qcow2/format.h"
 
 namespace thindisk::cli {
 namespace {
@@ -281,7 +282,8 @@ class BenchCommand final : public Subcommand {
       TD_RETURN_IF_ERROR(ApplyCreateOption(plan, "cluster_size", cluster_size_text_));
     if (!extended_l2_text_.empty())
       TD_RETURN_IF_ERROR(ApplyCreateOption(plan, "extended_l2", extended_l2_text_));
-    if (plan.qcow2.extended_l2 && plan.qcow2.cluster_size < 16 * 1024) {
+    DefaultExtendedL2(plan);
+    if (plan.qcow2.extended_l2 && plan.qcow2.cluster_size < qcow2::kMinExtendedL2ClusterSize) {
       return Status::InvalidArgument(
           "extended_l2=on needs clusters of at least 16 KiB (add --extended-l2 off)");
     }

@@ -157,6 +157,31 @@ TEST(ParseIoCommandTest, RefusesMalformedCommands) {
   EXPECT_TRUE(ParseIoCommand("write -z 0 2G").has_value());
 }
 
+// A cluster size under 16 KiB turns the extended L2 default off, as
+// qemu-img's is off (`-o cluster_size=4k` alone must create an image); asked
+// for explicitly, it stays on and creation refuses it with the reason.
+TEST(CreatePlanTest, SmallClustersDefaultToStandardL2) {
+  for (const char* size : {"512", "4k", "8k"}) {
+    CreatePlan plan;
+    plan.format = "qcow2";
+    ASSERT_TRUE(ApplyCreateOptions(plan, {std::string("cluster_size=") + size}).ok());
+    EXPECT_FALSE(plan.qcow2.extended_l2) << size;
+  }
+  CreatePlan at_16k;
+  at_16k.format = "qcow2";
+  ASSERT_TRUE(ApplyCreateOptions(at_16k, {"cluster_size=16k"}).ok());
+  EXPECT_TRUE(at_16k.qcow2.extended_l2);
+  CreatePlan asked;
+  asked.format = "qcow2";
+  ASSERT_TRUE(ApplyCreateOptions(asked, {"cluster_size=4k,extended_l2=on"}).ok());
+  EXPECT_TRUE(asked.qcow2.extended_l2);
+  // The order of the options does not matter.
+  CreatePlan later;
+  later.format = "qcow2";
+  ASSERT_TRUE(ApplyCreateOptions(later, {"extended_l2=on", "cluster_size=4k"}).ok());
+  EXPECT_TRUE(later.qcow2.extended_l2);
+}
+
 TEST(CreatePlanTest, OptionsAndFormattingLine) {
   CreatePlan plan;
   plan.format = "qcow2";

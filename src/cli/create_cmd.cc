@@ -19,9 +19,10 @@ namespace thindisk::cli {
 namespace {
 
 constexpr const char* kCreateHelp =
-    "Create a new image. Defaults for qcow2: compat=1.1 (v3), extended_l2=on,\n"
-    "cluster_size=128k (4 KiB subclusters), compression_type=zstd,\n"
-    "preallocation=off, lazy_refcounts=off, refcount_bits=16.\n"
+    "Create a new image. Defaults for qcow2: compat=1.1 (v3), extended_l2=on\n"
+    "(off for clusters under 16k, as in qemu-img), cluster_size=128k (4 KiB\n"
+    "subclusters), compression_type=zstd, preallocation=off, lazy_refcounts=off,\n"
+    "refcount_bits=16.\n"
     "qcow2 options (-o): cluster_size, extended_l2, preallocation\n"
     "(off|metadata|falloc|full), compression_type (zlib|zstd), lazy_refcounts,\n"
     "refcount_bits, compat (0.10|1.1|v2|v3), backing_file, backing_fmt, size.\n"

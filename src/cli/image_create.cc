@@ -11,6 +11,7 @@
 #include "nbdclient/export_file.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/measure.h"
+#include "qcow2/format.h"
 
 namespace thindisk::cli {
 namespace {
@@ -158,7 +159,14 @@ Status ApplyCreateOptions(CreatePlan& plan, const std::vector<std::string>& opti
     if (!plan.extended_l2_given) plan.qcow2.extended_l2 = false;
     if (!plan.compression_type_given) plan.qcow2.compression_type = qcow2::CompressionType::kZlib;
   }
+  DefaultExtendedL2(plan);
   return Status::Ok();
+}
+
+void DefaultExtendedL2(CreatePlan& plan) {
+  if (plan.format == "qcow2" && !plan.extended_l2_given &&
+      plan.qcow2.cluster_size < qcow2::kMinExtendedL2ClusterSize)
+    plan.qcow2.extended_l2 = false;
 }
 
 Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {

@@ -43,6 +43,12 @@ Status ApplyCreateOption(CreatePlan& plan, const std::string& key, const std::st
 // asked for them explicitly (then creation fails with the reason).
 Status ApplyCreateOptions(CreatePlan& plan, const std::vector<std::string>& option_strings);
 
+// Clusters under 16 KiB cannot have extended L2 entries: unless -o asked
+// for them (creation then fails with the reason), such a cluster size turns
+// the default off, as qemu-img's default is. ApplyCreateOptions calls it;
+// call it again after setting cluster_size another way.
+void DefaultExtendedL2(CreatePlan& plan);
+
 // qemu-img's "Formatting 'FILE', fmt=qcow2 cluster_size=... size=..." line.
 std::string FormattingLine(const std::string& filename, const CreatePlan& plan);
 

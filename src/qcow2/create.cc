@@ -21,7 +21,6 @@ namespace {
 
 constexpr uint64_t kMinClusterSize = 512;
 constexpr uint64_t kMaxClusterSize = 2ull << 20;
-constexpr uint64_t kMinExtendedL2ClusterSize = 16 * 1024;  // 512-byte subclusters
 
 uint64_t DivRoundUp(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 

@@ -28,6 +28,8 @@ inline constexpr uint32_t kMagic = 0x514649fb;  // 'Q' 'F' 'I' 0xfb
 // Limits, each with its reason.
 inline constexpr uint32_t kMinClusterBits = 9;   // spec: cluster_bits >= 9 (512 B)
 inline constexpr uint32_t kMaxClusterBits = 21;  // spec: QEMU supports at most 2 MiB
+// Extended L2 entries split a cluster into 32 subclusters of at least 512 B.
+inline constexpr uint64_t kMinExtendedL2ClusterSize = 16 * 1024;
 inline constexpr uint32_t kV2HeaderLength = 72;
 inline constexpr uint32_t kV3HeaderLength = 104;  // v3 fields up to header_length; compression_type follows when longer
 inline constexpr uint32_t kMaxBackingFileSize = 1023;  // spec: must not exceed 1023 bytes
