@@ -93,24 +93,41 @@ Status ImageImpl::Deallocate(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(Flush());
   // 2. Wait for readers that looked up an old mapping; later ones see the new.
   { std::unique_lock gate(free_gate_); }
-  // 3. Nothing points at the released space any more: give it back.
+  // 3. Nothing points at the released space any more: give it back. Whole
+  //    clusters that follow each other on the host go in one punch (whole
+  //    objects removed in a RADOS pool; see ZeroRange).
+  uint64_t run_start = 0, run_end = 0;
+  auto punch = [&](uint64_t offset, uint64_t length) -> Status {
+    if (length == 0) return Status::Ok();
+    storage_->Announce(io::Event::kDiscardPunch);
+    Status p = storage_->PunchHole(offset, length);
+    return p.code() == Code::kNotSupported ? Status::Ok() : p;
+  };
   for (const Released& r : released) {
     if (r.punch_length == 0) continue;
-    auto guard = range_lock_.Lock(r.gc, 1);
-    if (!r.free) {
-      // Part of a cluster that stays ours: a write since step 1 may have
-      // put data back into these subclusters; punch only if none did.
-      std::lock_guard lock(mu_);
-      TD_ASSIGN_OR_RETURN(L2Mapping now, LookupLocked(r.gc));
-      if (now.kind != ClusterKind::kNormal || now.host_offset != r.old.host_offset ||
-          (now.alloc_bitmap & r.mask) != 0) {
-        continue;
+    if (r.free) {
+      if (r.punch_offset != run_end) {
+        TD_RETURN_IF_ERROR(punch(run_start, run_end - run_start));
+        run_start = r.punch_offset;
       }
+      run_end = r.punch_offset + r.punch_length;
+      continue;
     }
-    storage_->Announce(io::Event::kDiscardPunch);
-    Status p = storage_->PunchHole(r.punch_offset, r.punch_length);
-    if (!p.ok() && p.code() != Code::kNotSupported) return p;
+    auto guard = range_lock_.Lock(r.gc, 1);
+    // Part of a cluster that stays ours: a write since step 1 may have put
+    // data back into these subclusters; punch only if none did.
+    L2Mapping now;
+    {
+      std::lock_guard lock(mu_);
+      TD_ASSIGN_OR_RETURN(now, LookupLocked(r.gc));
+    }
+    if (now.kind != ClusterKind::kNormal || now.host_offset != r.old.host_offset ||
+        (now.alloc_bitmap & r.mask) != 0) {
+      continue;
+    }
+    TD_RETURN_IF_ERROR(punch(r.punch_offset, r.punch_length));
   }
+  TD_RETURN_IF_ERROR(punch(run_start, run_end - run_start));
   // 4. Only now may the clusters be reused: queue the refcount decrements.
   std::lock_guard lock(mu_);
   for (const Released& r : released) {

@@ -91,6 +91,58 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DeallocateTest,
                          ::testing::Values(Layout{65536, false}, Layout{131072, true},
                                            Layout{4096, false}));
 
+// Clusters that follow each other on the host are punched at once (a RADOS
+// pool then removes whole objects), and all their space comes back; clusters
+// with live ones between them on the host are punched alone, and the live
+// ones keep their data.
+TEST(DeallocatePunchTest, HostRunsArePunchedAtOnce) {
+  constexpr uint64_t kCluster = 65536;
+  constexpr uint64_t kHalf = kSize / 2;
+  auto base = Pattern(3, kSize);
+  for (bool interleaved : {false, true}) {
+    SCOPED_TRACE(interleaved ? "the first half interleaved with the second" : "in order");
+    auto mem = io::NewMemoryStorage("ov.qcow2");
+    CreateOptions co;
+    co.size = kSize;
+    co.cluster_size = kCluster;
+    co.extended_l2 = false;
+    co.backing_file = "base";
+    ASSERT_TRUE(Create(*mem, co).ok());
+    auto faulty = io::NewFaultyStorage(std::move(mem));
+    ASSERT_TRUE(faulty.has_value());
+    io::FaultyStorage* storage = faulty->get();
+    auto img = Image::Open(std::move(*faulty), BackedBy(base));
+    ASSERT_TRUE(img.has_value());
+    Image& image = **img;
+    auto data = Pattern(4, kSize);
+    // Host clusters are taken in write order.
+    for (uint64_t i = 0; i < kHalf / kCluster; ++i) {
+      for (uint64_t off : {i * kCluster, kHalf + i * kCluster}) {
+        if (!interleaved && off >= kHalf) continue;
+        ASSERT_TRUE(image.Write(off, std::span(data).subspan(off, kCluster)).ok());
+      }
+    }
+    if (!interleaved) {
+      ASSERT_TRUE(image.Write(kHalf, std::span(data).subspan(kHalf)).ok());
+    }
+    ASSERT_TRUE(image.Flush().ok());
+    const uint64_t full = *storage->AllocatedBytes();
+    const uint64_t punches = storage->event_count(io::Event::kDiscardPunch);
+    ASSERT_TRUE(image.Deallocate(0, kHalf).ok());
+    const uint64_t taken = storage->event_count(io::Event::kDiscardPunch) - punches;
+    if (interleaved) {
+      EXPECT_EQ(taken, kHalf / kCluster);
+    } else {
+      // One run, or two when the L2 table lies between the first cluster and the rest.
+      EXPECT_LE(taken, 2u);
+    }
+    EXPECT_LE(*storage->AllocatedBytes() + kHalf, full);
+    std::vector<uint8_t> want(base.begin(), base.begin() + kHalf);
+    want.insert(want.end(), data.begin() + kHalf, data.end());
+    testing::ExpectContent(image, want, 0, kSize);
+  }
+}
+
 // Power cut at every step of a deallocation of the whole overlay.
 TEST(DeallocateCrashTest, EachRangeReadsOldOrBacking) {
   constexpr uint32_t kCluster = 65536;

@@ -193,6 +193,32 @@ TEST(ImageZeroTest, DiscardPunchesClustersThatFollowOnTheHostAtOnce) {
   EXPECT_EQ(DiscardPunches(backward), 128u);
 }
 
+// Discarded clusters with live ones between them on the host are punched
+// one by one: a run never spans a cluster that keeps its data.
+TEST(ImageZeroTest, DiscardNeverPunchesAcrossLiveClusters) {
+  constexpr uint64_t kCluster = 65536, kHalf = 64 * kCluster;
+  auto mem = io::NewMemoryStorage("test.qcow2");
+  ASSERT_TRUE(Create(*mem, Opts(65536, false)).ok());
+  auto faulty = io::NewFaultyStorage(std::move(mem));
+  ASSERT_TRUE(faulty.has_value());
+  io::FaultyStorage* storage = faulty->get();
+  auto img = Image::Open(std::move(*faulty), {});
+  ASSERT_TRUE(img.has_value());
+  Image& image = **img;
+  auto data = Pattern(5, 2 * kHalf);
+  for (uint64_t i = 0; i < kHalf / kCluster; ++i) {  // host: 0, 64, 1, 65, ...
+    for (uint64_t off : {i * kCluster, kHalf + i * kCluster})
+      ASSERT_TRUE(image.Write(off, std::span(data).subspan(off, kCluster)).ok());
+  }
+  ASSERT_TRUE(image.Flush().ok());
+  const uint64_t punches = storage->event_count(io::Event::kDiscardPunch);
+  ASSERT_TRUE(image.Discard(0, kHalf).ok());
+  EXPECT_EQ(storage->event_count(io::Event::kDiscardPunch) - punches, kHalf / kCluster);
+  EXPECT_EQ(ReadAll(image, 0, kHalf), Zeros(kHalf));
+  EXPECT_EQ(ReadAll(image, kHalf, kHalf),
+            std::vector<uint8_t>(data.begin() + kHalf, data.end()));
+}
+
 TEST(ImageZeroTest, BlockStatusReportsDataZeroAndHoles) {
   auto m = CreateMem(Opts(65536, true));
   ASSERT_TRUE(m.image);
