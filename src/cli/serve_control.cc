@@ -3,13 +3,13 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
+#include "nbd/listener.h"
 #include "qcow2/bitmaps.h"
 
 namespace thindisk::cli {
@@ -70,29 +70,10 @@ Status ReadLine(int fd, std::string& pending, std::string* line, int timeout_ms,
 }
 
 Result<int> Listen(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof addr.sun_path) {
-    return Status::InvalidArgument("--control: socket path too long: " + path);
-  }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) {
-      return Status::InvalidArgument("--control: " + path + " exists and is not a socket");
-    }
-    ::unlink(path.c_str());
-  }
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return Status::FromErrno(errno, "--control: socket");
   // Only the server's user may reset a backup chain: the mode is set
-  // before listen(), so nobody connects before it holds.
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::chmod(path.c_str(), 0600) != 0 || ::listen(fd, 4) != 0) {
-    Status s = Status::FromErrno(errno, "--control: " + path);
-    ::close(fd);
-    return s;
-  }
+  // before anyone can connect.
+  Result<int> fd = nbd::ListenUnix(path, {.mode = 0600, .backlog = 4});
+  if (!fd.has_value()) return fd.error().WithContext("--control");
   return fd;
 }
 

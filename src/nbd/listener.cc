@@ -21,25 +21,38 @@ constexpr int kBacklog = 128;
 
 }  // namespace
 
-Result<int> ListenUnix(const std::string& path) {
+Result<int> ListenUnix(const std::string& path, UnixListenOptions options) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof addr.sun_path)
     return Status::InvalidArgument("unix socket path must be 1.." +
                                    std::to_string(sizeof addr.sun_path - 1) +
                                    " bytes: " + path);
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   struct stat st;
-  if (lstat(path.c_str(), &st) == 0) {
-    if (!S_ISSOCK(st.st_mode)) return Status::Busy(path + " exists and is not a socket");
+  if (lstat(path.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode))
+    return Status::InvalidArgument(path + " exists and is not a socket");
+  // bind() makes the file before listen() lets clients in: one that sees
+  // the file in between is refused (ECONNREFUSED). So the socket is bound
+  // under a name of its own beside PATH and renamed onto it once it
+  // listens, which also replaces a stale socket of an earlier server in
+  // one step. A PATH too long for that suffix is bound directly.
+  const std::string temp = path + ".td-" + std::to_string(getpid());
+  const bool staged = temp.size() < sizeof addr.sun_path;
+  const std::string& bound = staged ? temp : path;
+  if (staged) {
+    unlink(temp.c_str());  // left by a killed server that had our pid
+  } else if (lstat(path.c_str(), &st) == 0) {
     unlink(path.c_str());  // a stale socket from an earlier server
   }
+  std::memcpy(addr.sun_path, bound.c_str(), bound.size() + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::FromErrno(errno, "socket");
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) < 0 ||
-      listen(fd, kBacklog) < 0) {
+      (options.mode != 0 && chmod(bound.c_str(), options.mode) < 0) ||
+      listen(fd, options.backlog) < 0 || (staged && rename(temp.c_str(), path.c_str()) < 0)) {
     int e = errno;
     close(fd);
+    if (staged) unlink(temp.c_str());
     return Status::FromErrno(e, "listen on " + path);
   }
   return fd;

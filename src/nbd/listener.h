@@ -15,8 +15,15 @@ namespace thindisk::nbd {
 inline constexpr uint16_t kDefaultNbdPort = 10809;
 
 // Binds and listens on a Unix socket at `path`. A stale socket file at the
-// path is replaced; any other existing file is an error (kBusy).
-Result<int> ListenUnix(const std::string& path);
+// path is replaced; any other existing file is kInvalidArgument. The file
+// appears only once the socket listens (it is bound under a name of its own
+// beside `path`, then renamed), so a client that finds it is never refused.
+// `mode` (e.g. 0600), when not 0, is set before anyone can connect.
+struct UnixListenOptions {
+  unsigned mode = 0;
+  int backlog = 128;
+};
+Result<int> ListenUnix(const std::string& path, UnixListenOptions options = {});
 
 // Binds and listens on every address `host` resolves to, returning the
 // first that works (port 0: the kernel picks; see BoundPort).
