@@ -48,27 +48,13 @@ big_bytes=$((4 * (4 << 20)))
 log "1. mkfs.ext4 and a copy through thindisk serve $IMG"
 "$TD" create -q -f qcow2 "$IMG" $((512 << 20))
 serve_attached "$IMG"
-timeout 120 mkfs.ext4 -q "$LOOP" || fail "mkfs.ext4 on the served disk failed"
-mount "$LOOP" mnt || fail "mount of the new filesystem failed"
-cp -a src mnt/data || fail "copy into the filesystem failed"
-sync -f mnt
-diff -r --no-dereference src mnt/data >diff.out 2>&1 ||
-  { head -20 diff.out >&2; fail "the mounted tree differs from what was copied"; }
-timeout 120 fio --name=fs --directory=mnt --numjobs=2 --size=4M --rw=randwrite --bs=4k \
-  --ioengine=libaio --iodepth=8 --direct=1 --verify=crc32c --verify_fatal=1 \
-  --randseed=$RANDOM --output=fio.out >/dev/null 2>fio.err ||
-  { cat fio.err fio.out >&2; fail "fio --verify in the filesystem failed"; }
-rm -f mnt/fs.*
+fs_make_and_fill src 2
 
 log "2. fstrim removes the deleted files' objects"
-# Blocks of deleted files are free for fstrim once the deletion commits.
-sync -f mnt
-timeout 120 fstrim mnt >/dev/null || fail "fstrim failed"
+fs_trim
 before=$(disk_size)
 rm -r mnt/data/big src/big
-sync -f mnt
-timeout 120 fstrim mnt >/dev/null || fail "fstrim failed"
-sync -f mnt
+fs_trim
 after=$(disk_size)
 echo "disk size in the pool: $before bytes, $after after deleting $big_bytes and fstrim"
 # Whole objects (4 MiB) go; what the files shared with others stays.
@@ -87,8 +73,7 @@ qpid=$SERVER_PID
 attach "nbd+unix:///?socket=$PWD/q.sock" ro
 fs_check "the copy, through qemu-nbd"
 mount -o ro "$LOOP" mnt || fail "mount of the copy through qemu-nbd failed"
-diff -r --no-dereference src mnt/data >diff.out 2>&1 ||
-  { head -20 diff.out >&2; fail "qemu-nbd shows another tree in the copy"; }
+same_tree src mnt/data "the copy through qemu-nbd"
 detach
 kill_server "$qpid"
 
@@ -98,8 +83,7 @@ mount "$LOOP" mnt || fail "mount through a new server failed"
 mkdir mnt/d
 sync -f mnt
 kill_rounds 3 "$IMG" break_lock
-diff -r --no-dereference src mnt/data >diff.out 2>&1 ||
-  { head -20 diff.out >&2; fail "the tree changed under the kills"; }
+same_tree src mnt/data "the tree after the kills"
 umount mnt
 detach
 stop_server "$SRV" td

@@ -39,8 +39,7 @@ restored_holds() {
   mkdir -p restored
   # A frozen ext4 is consistent on disk; mounting replays what its journal holds.
   mount "$dev" restored || fail "the restored $1 does not mount"
-  diff -r --no-dereference "$2" restored/data >diff.out 2>&1 ||
-    { head -20 diff.out >&2; fail "the restored $1 holds another tree"; }
+  same_tree "$2" restored/data "the restored $1"
   umount restored
   timeout 120 e2fsck -fn "$dev" >fsck.out 2>&1 || { cat fsck.out >&2; fail "e2fsck of the restored $1"; }
   losetup -d "$dev"

@@ -62,6 +62,38 @@ fs_check() {
   timeout 120 e2fsck -fn "$LOOP" >fsck.out 2>&1 || { cat fsck.out >&2; fail "e2fsck: $1"; }
 }
 
+# same_tree WANT DIR WHAT: DIR holds exactly the tree WANT (names, bytes,
+# symlinks as links).
+same_tree() {
+  diff -r --no-dereference "$1" "$2" >diff.out 2>&1 ||
+    { head -20 diff.out >&2; fail "$3: another tree than expected"; }
+}
+
+# fs_make_and_fill TREE JOBS: mkfs.ext4 on $LOOP, mounted at mnt/, TREE
+# copied to mnt/data and compared; then fio --verify, JOBS writers of 4 KiB
+# random direct I/O in files of their own (8 MiB each), every block
+# checked; their files removed.
+fs_make_and_fill() {
+  timeout 120 mkfs.ext4 -q "$LOOP" || fail "mkfs.ext4 on the served disk failed"
+  mount "$LOOP" mnt || fail "mount of the new filesystem failed"
+  cp -a "$1" mnt/data || fail "copy into the filesystem failed"
+  sync -f mnt
+  same_tree "$1" mnt/data "the copy in the new filesystem"
+  timeout 120 fio --name=fs --directory=mnt --numjobs="$2" --size=8M --rw=randwrite --bs=4k \
+    --ioengine=libaio --iodepth=8 --direct=1 --verify=crc32c --verify_fatal=1 \
+    --randseed=$RANDOM --output=fio.out >/dev/null 2>fio.err ||
+    { cat fio.err fio.out >&2; fail "fio --verify in the filesystem failed"; }
+  rm -f mnt/fs.*
+}
+
+# fs_trim: fstrim of mnt/, after a sync: blocks of deleted files are free
+# for fstrim only once the deletion commits.
+fs_trim() {
+  sync -f mnt
+  timeout 120 fstrim mnt >/dev/null || fail "fstrim failed"
+  sync -f mnt
+}
+
 # serve_attached IMAGE [ARGS...]: `thindisk serve ARGS IMAGE` on td.sock
 # (SRV), attached.
 serve_attached() {
