@@ -94,23 +94,13 @@ Status ImageImpl::Deallocate(uint64_t offset, uint64_t length) {
   // 2. Wait for readers that looked up an old mapping; later ones see the new.
   { std::unique_lock gate(free_gate_); }
   // 3. Nothing points at the released space any more: give it back. Whole
-  //    clusters that follow each other on the host go in one punch (whole
-  //    objects removed in a RADOS pool; see ZeroRange).
-  uint64_t run_start = 0, run_end = 0;
-  auto punch = [&](uint64_t offset, uint64_t length) -> Status {
-    if (length == 0) return Status::Ok();
-    storage_->Announce(io::Event::kDiscardPunch);
-    Status p = storage_->PunchHole(offset, length);
-    return p.code() == Code::kNotSupported ? Status::Ok() : p;
-  };
+  //    clusters of ours go in runs (ZeroRange's: one punch for those that
+  //    follow each other on the host, their frees queued after it).
+  PunchRun run;
   for (const Released& r : released) {
     if (r.punch_length == 0) continue;
     if (r.free) {
-      if (r.punch_offset != run_end) {
-        TD_RETURN_IF_ERROR(punch(run_start, run_end - run_start));
-        run_start = r.punch_offset;
-      }
-      run_end = r.punch_offset + r.punch_length;
+      TD_RETURN_IF_ERROR(QueuePunch(&run, r.old));
       continue;
     }
     auto guard = range_lock_.Lock(r.gc, 1);
@@ -125,13 +115,14 @@ Status ImageImpl::Deallocate(uint64_t offset, uint64_t length) {
         (now.alloc_bitmap & r.mask) != 0) {
       continue;
     }
-    TD_RETURN_IF_ERROR(punch(r.punch_offset, r.punch_length));
+    TD_RETURN_IF_ERROR(PunchHost(r.punch_offset, r.punch_length));
   }
-  TD_RETURN_IF_ERROR(punch(run_start, run_end - run_start));
-  // 4. Only now may the clusters be reused: queue the refcount decrements.
+  TD_RETURN_IF_ERROR(PunchNow(&run));
+  // 4. Only now may the clusters nothing was punched for (shared or
+  //    compressed ones) be reused: queue their refcount decrements.
   std::lock_guard lock(mu_);
   for (const Released& r : released) {
-    if (r.free) FreeMappingLocked(r.old);
+    if (r.free && r.punch_length == 0) FreeMappingLocked(r.old);
   }
   return Status::Ok();
 }

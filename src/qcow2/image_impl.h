@@ -165,6 +165,9 @@ class ImageImpl final : public Image {
   Status QueuePunch(PunchRun* run, const L2Mapping& m);
   // Punches the run and queues its clusters' frees; leaves it empty.
   Status PunchNow(PunchRun* run);
+  // Gives host bytes back (the `discard_punch` step); a storage that cannot
+  // punch is no error.
+  Status PunchHost(uint64_t offset, uint64_t length);
   uint64_t ClusterBytes(uint64_t gc) const;  // cs, or less for the image's last cluster
 
   // ---- shrink (image_resize.cc) ----

@@ -86,15 +86,20 @@ Status ImageImpl::QueuePunch(PunchRun* run, const L2Mapping& m) {
   return Status::Ok();
 }
 
+Status ImageImpl::PunchHost(uint64_t offset, uint64_t length) {
+  storage_->Announce(io::Event::kDiscardPunch);
+  Status p = storage_->PunchHole(offset, length);
+  return p.code() == Code::kNotSupported ? Status::Ok() : p;
+}
+
 Status ImageImpl::PunchNow(PunchRun* run) {
   if (run->released.empty()) return Status::Ok();
-  storage_->Announce(io::Event::kDiscardPunch);
-  Status p = storage_->PunchHole(run->start, run->end - run->start);
+  Status p = PunchHost(run->start, run->end - run->start);
   std::vector<L2Mapping> released;
   released.swap(run->released);
   // A failed punch leaves the clusters unfreed (leaked, never reused with
   // their old bytes); `check -r leaks` reclaims them.
-  if (!p.ok() && p.code() != Code::kNotSupported) return p;
+  TD_RETURN_IF_ERROR(p);
   std::lock_guard lock(mu_);
   for (const L2Mapping& m : released) FreeMappingLocked(m);
   return Status::Ok();
@@ -197,9 +202,7 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
   if (unmap && had_data) {
     // Space comes back at subcluster grain; the cluster itself stays ours.
     uint64_t punch_end = std::min(full_end, cs());
-    storage_->Announce(io::Event::kDiscardPunch);
-    Status p = storage_->PunchHole(m.host_offset + full_start, punch_end - full_start);
-    if (!p.ok() && p.code() != Code::kNotSupported) return p;
+    TD_RETURN_IF_ERROR(PunchHost(m.host_offset + full_start, punch_end - full_start));
   }
   if (in_off < full_start) TD_RETURN_IF_ERROR(write_zeros(in_off, full_start - in_off));
   if (end > full_end) TD_RETURN_IF_ERROR(write_zeros(full_end, end - full_end));
