@@ -29,7 +29,8 @@ Result<int> ListenUnix(const std::string& path, UnixListenOptions options) {
                                    std::to_string(sizeof addr.sun_path - 1) +
                                    " bytes: " + path);
   struct stat st;
-  if (lstat(path.c_str(), &st) == 0 && !S_ISSOCK(st.st_mode))
+  const bool exists = lstat(path.c_str(), &st) == 0;
+  if (exists && !S_ISSOCK(st.st_mode))
     return Status::InvalidArgument(path + " exists and is not a socket");
   // bind() makes the file before listen() lets clients in: one that sees
   // the file in between is refused (ECONNREFUSED). So the socket is bound
@@ -41,7 +42,7 @@ Result<int> ListenUnix(const std::string& path, UnixListenOptions options) {
   const std::string& bound = staged ? temp : path;
   if (staged) {
     unlink(temp.c_str());  // left by a killed server that had our pid
-  } else if (lstat(path.c_str(), &st) == 0) {
+  } else if (exists) {
     unlink(path.c_str());  // a stale socket from an earlier server
   }
   std::memcpy(addr.sun_path, bound.c_str(), bound.size() + 1);
