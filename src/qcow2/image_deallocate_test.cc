@@ -101,19 +101,15 @@ TEST(DeallocatePunchTest, HostRunsArePunchedAtOnce) {
   auto base = Pattern(3, kSize);
   for (bool interleaved : {false, true}) {
     SCOPED_TRACE(interleaved ? "the first half interleaved with the second" : "in order");
-    auto mem = io::NewMemoryStorage("ov.qcow2");
     CreateOptions co;
     co.size = kSize;
     co.cluster_size = kCluster;
     co.extended_l2 = false;
     co.backing_file = "base";
-    ASSERT_TRUE(Create(*mem, co).ok());
-    auto faulty = io::NewFaultyStorage(std::move(mem));
-    ASSERT_TRUE(faulty.has_value());
-    io::FaultyStorage* storage = faulty->get();
-    auto img = Image::Open(std::move(*faulty), BackedBy(base));
-    ASSERT_TRUE(img.has_value());
-    Image& image = **img;
+    auto c = testing::CreateCounted(co, BackedBy(base));
+    ASSERT_TRUE(c.image);
+    io::FaultyStorage* storage = c.storage;
+    Image& image = *c.image;
     auto data = Pattern(4, kSize);
     // Host clusters are taken in write order.
     for (uint64_t i = 0; i < kHalf / kCluster; ++i) {

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "io/faulty_storage.h"
 #include "io/memory_storage.h"
 #include "qcow2/image.h"
 
@@ -44,6 +45,28 @@ inline MemImage CreateMem(const CreateOptions& co, OpenOptions oo = {}) {
   EXPECT_TRUE(img.has_value()) << img.status().ToString();
   if (img) m.image = std::move(*img);
   return m;
+}
+
+// The same on MemoryStorage behind FaultyStorage, whose event counts show
+// the engine's named write steps (io::Event). Nothing is armed to fail.
+struct CountedImage {
+  io::FaultyStorage* storage = nullptr;
+  std::unique_ptr<Image> image;
+};
+
+inline CountedImage CreateCounted(const CreateOptions& co, OpenOptions oo = {}) {
+  CountedImage c;
+  auto mem = io::NewMemoryStorage("test.qcow2");
+  Status s = Create(*mem, co);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  auto faulty = io::NewFaultyStorage(std::move(mem));
+  EXPECT_TRUE(faulty.has_value()) << faulty.status().ToString();
+  if (!faulty) return c;
+  c.storage = faulty->get();
+  auto img = Image::Open(std::move(*faulty), oo);
+  EXPECT_TRUE(img.has_value()) << img.status().ToString();
+  if (img) c.image = std::move(*img);
+  return c;
 }
 
 // Closes the image and opens the same bytes again.

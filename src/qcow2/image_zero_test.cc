@@ -1,5 +1,4 @@
 // Write-zeroes, discard, no stale bytes, block status, backing chains.
-#include "io/faulty_storage.h"
 #include "qcow2/image_test_util.h"
 
 namespace thindisk::qcow2 {
@@ -155,14 +154,10 @@ TEST(ImageZeroTest, DiscardPunchesHostSpace) {
 // each), then writes new data over them: how many punches the discard took.
 uint64_t DiscardPunches(const std::vector<uint64_t>& order) {
   constexpr uint64_t kCluster = 65536;
-  auto mem = io::NewMemoryStorage("test.qcow2");
-  EXPECT_TRUE(Create(*mem, Opts(65536, false)).ok());
-  auto faulty = io::NewFaultyStorage(std::move(mem));
-  EXPECT_TRUE(faulty.has_value());
-  io::FaultyStorage* storage = faulty->get();
-  auto img = Image::Open(std::move(*faulty), {});
-  EXPECT_TRUE(img.has_value());
-  Image& image = **img;
+  auto c = testing::CreateCounted(Opts(65536, false));
+  if (!c.image) return 0;
+  io::FaultyStorage* storage = c.storage;
+  Image& image = *c.image;
   for (uint64_t gc : order) EXPECT_TRUE(image.Write(gc * kCluster, Pattern(1, kCluster)).ok());
   EXPECT_TRUE(image.Flush().ok());
   const uint64_t full = *storage->AllocatedBytes();
@@ -197,14 +192,10 @@ TEST(ImageZeroTest, DiscardPunchesClustersThatFollowOnTheHostAtOnce) {
 // one by one: a run never spans a cluster that keeps its data.
 TEST(ImageZeroTest, DiscardNeverPunchesAcrossLiveClusters) {
   constexpr uint64_t kCluster = 65536, kHalf = 64 * kCluster;
-  auto mem = io::NewMemoryStorage("test.qcow2");
-  ASSERT_TRUE(Create(*mem, Opts(65536, false)).ok());
-  auto faulty = io::NewFaultyStorage(std::move(mem));
-  ASSERT_TRUE(faulty.has_value());
-  io::FaultyStorage* storage = faulty->get();
-  auto img = Image::Open(std::move(*faulty), {});
-  ASSERT_TRUE(img.has_value());
-  Image& image = **img;
+  auto c = testing::CreateCounted(Opts(65536, false));
+  ASSERT_TRUE(c.image);
+  io::FaultyStorage* storage = c.storage;
+  Image& image = *c.image;
   auto data = Pattern(5, 2 * kHalf);
   for (uint64_t i = 0; i < kHalf / kCluster; ++i) {  // host: 0, 64, 1, 65, ...
     for (uint64_t off : {i * kCluster, kHalf + i * kCluster})
