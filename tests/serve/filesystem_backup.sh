@@ -41,7 +41,7 @@ restored_holds() {
   mount "$dev" restored || fail "the restored $1 does not mount"
   same_tree "$2" restored/data "the restored $1"
   umount restored
-  timeout 120 e2fsck -fn "$dev" >fsck.out 2>&1 || { cat fsck.out >&2; fail "e2fsck of the restored $1"; }
+  fs_check "the restored $1" "$dev"
   losetup -d "$dev"
   LOCAL_LOOP=""
 }
@@ -55,8 +55,7 @@ log "a served disk with a bitmap, and a filesystem with a tree on it"
 "$TD" create -q -f qcow2 disk.qcow2 $((512 << 20))
 "$TD" bitmap --add disk.qcow2 daily >/dev/null || fail "bitmap --add failed"
 serve_attached disk.qcow2 -B daily --control "$CTL"
-timeout 120 mkfs.ext4 -q "$LOOP" || fail "mkfs.ext4 on the served disk failed"
-mount "$LOOP" mnt || fail "mount of the new filesystem failed"
+fs_make
 mkdir -p mnt/data/big mnt/data/small
 for i in 1 2 3 4; do head -c $((4 << 20)) /dev/urandom >mnt/data/big/f$i; done
 for i in $(seq 200); do head -c $((RANDOM % 65536 + 1)) /dev/urandom >mnt/data/small/s$i; done

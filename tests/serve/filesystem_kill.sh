@@ -19,8 +19,7 @@ RANDOM=$SEED
 log "a fresh filesystem"
 "$TD" create -q -f qcow2 disk.qcow2 $((256 << 20))
 serve_attached disk.qcow2
-timeout 120 mkfs.ext4 -q "$LOOP" || fail "mkfs.ext4 on the served disk failed"
-mount "$LOOP" mnt || fail "mount of the new filesystem failed"
+fs_make
 mkdir mnt/d
 sync -f mnt
 

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # A served disk as a block device with a filesystem on it, for the scripts
-# that judge `thindisk serve` the way a guest uses it (filesystem.sh,
-# filesystem_kill.sh): the export through nbdfuse, a loop device on the
+# that judge `thindisk serve` the way a guest uses it (filesystem*.sh here,
+# tests/ceph/filesystem.sh): the export through nbdfuse, a loop device on the
 # FUSE file, ext4 on that. Source it after lib.sh; it checks the tools and
 # rights, makes fuse/ and mnt/ in the temp dir, and unmounts everything at
 # exit before lib.sh's cleanup kills the servers.
@@ -57,9 +57,16 @@ detach() {
   wait_exit "$FUSE_PID" nbdfuse "the FUSE unmount"
 }
 
-# fs_check WHAT: e2fsck -fn of the (unmounted) loop device must be clean.
+# fs_check WHAT [DEVICE]: e2fsck -fn of the (unmounted) DEVICE, the served
+# disk's loop device by default, must be clean.
 fs_check() {
-  timeout 120 e2fsck -fn "$LOOP" >fsck.out 2>&1 || { cat fsck.out >&2; fail "e2fsck: $1"; }
+  timeout 120 e2fsck -fn "${2:-$LOOP}" >fsck.out 2>&1 || { cat fsck.out >&2; fail "e2fsck: $1"; }
+}
+
+# fs_make: mkfs.ext4 on the served disk ($LOOP), mounted at mnt/.
+fs_make() {
+  timeout 120 mkfs.ext4 -q "$LOOP" || fail "mkfs.ext4 on the served disk failed"
+  mount "$LOOP" mnt || fail "mount of the new filesystem failed"
 }
 
 # same_tree WANT DIR WHAT: DIR holds exactly the tree WANT (names, bytes,
@@ -69,13 +76,11 @@ same_tree() {
     { head -20 diff.out >&2; fail "$3: another tree than expected"; }
 }
 
-# fs_make_and_fill TREE JOBS: mkfs.ext4 on $LOOP, mounted at mnt/, TREE
-# copied to mnt/data and compared; then fio --verify, JOBS writers of 4 KiB
-# random direct I/O in files of their own (8 MiB each), every block
-# checked; their files removed.
+# fs_make_and_fill TREE JOBS: fs_make, TREE copied to mnt/data and
+# compared; then fio --verify, JOBS writers of 4 KiB random direct I/O in
+# files of their own (8 MiB each), every block checked; their files removed.
 fs_make_and_fill() {
-  timeout 120 mkfs.ext4 -q "$LOOP" || fail "mkfs.ext4 on the served disk failed"
-  mount "$LOOP" mnt || fail "mount of the new filesystem failed"
+  fs_make
   cp -a "$1" mnt/data || fail "copy into the filesystem failed"
   sync -f mnt
   same_tree "$1" mnt/data "the copy in the new filesystem"
