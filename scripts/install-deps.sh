@@ -31,8 +31,9 @@ PACKAGES=(
   strace
   # the filesystem tests (tests/serve/fs_lib.sh): ext4 on a served disk through
   # nbdfuse (libnbd-bin) and a loop device; mkfs/e2fsck/resize2fs, losetup,
-  # fstrim, fsfreeze (all of Debian's required set, named for clarity)
-  e2fsprogs mount util-linux
+  # fstrim, fsfreeze (all of Debian's required set, named for clarity); XFS
+  # for serve.filesystem_kill_xfs
+  e2fsprogs mount util-linux xfsprogs
   # tests/install: man pages read with man and groff; the installed unit run by
   # systemd-socket-activate and checked by systemd-analyze (no systemd as PID 1 needed)
   man-db groff-base systemd

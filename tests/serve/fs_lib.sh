@@ -2,10 +2,16 @@
 # A served disk as a block device with a filesystem on it, for the scripts
 # that judge `thindisk serve` the way a guest uses it (filesystem*.sh here,
 # tests/ceph/filesystem.sh): the export through nbdfuse, a loop device on the
-# FUSE file, ext4 on that. Source it after lib.sh; it checks the tools and
-# rights, makes fuse/ and mnt/ in the temp dir, and unmounts everything at
-# exit before lib.sh's cleanup kills the servers.
-require_tool nbdfuse losetup mkfs.ext4 e2fsck mount umount
+# FUSE file, ext4 on that (or XFS: FS_TYPE=xfs, for fs_make, fs_check and
+# the kill rounds). Source it after lib.sh; it checks the tools and rights,
+# makes fuse/ and mnt/ in the temp dir, and unmounts everything at exit
+# before lib.sh's cleanup kills the servers.
+FS_TYPE=${FS_TYPE:-ext4}
+case $FS_TYPE in
+  ext4) require_tool nbdfuse losetup mkfs.ext4 e2fsck mount umount ;;
+  xfs) require_tool nbdfuse losetup mkfs.xfs xfs_repair mount umount ;;
+  *) fail "FS_TYPE=$FS_TYPE: ext4 or xfs" ;;
+esac
 [[ $(id -u) == 0 && -c /dev/fuse && -e /dev/loop-control ]] ||
   skip_or_fail "needs root, /dev/fuse and /dev/loop-control"
 
@@ -57,15 +63,21 @@ detach() {
   wait_exit "$FUSE_PID" nbdfuse "the FUSE unmount"
 }
 
-# fs_check WHAT [DEVICE]: e2fsck -fn of the (unmounted) DEVICE, the served
-# disk's loop device by default, must be clean.
+# fs_check WHAT [DEVICE]: the (unmounted) DEVICE, the served disk's loop
+# device by default, must be clean: e2fsck -fn, or xfs_repair -n (which
+# also fails on a log not yet replayed: mount once after a crash).
 fs_check() {
-  timeout 120 e2fsck -fn "${2:-$LOOP}" >fsck.out 2>&1 || { cat fsck.out >&2; fail "e2fsck: $1"; }
+  local dev=${2:-$LOOP}
+  case $FS_TYPE in
+    ext4) timeout 120 e2fsck -fn "$dev" >fsck.out 2>&1 ;;
+    xfs) timeout 120 xfs_repair -n "$dev" >fsck.out 2>&1 ;;
+  esac || { cat fsck.out >&2; fail "fsck of $FS_TYPE: $1"; }
 }
 
-# fs_make: mkfs.ext4 on the served disk ($LOOP), mounted at mnt/.
+# fs_make: mkfs.$FS_TYPE on the served disk ($LOOP), mounted at mnt/.
+# (XFS wants at least 300 MiB.)
 fs_make() {
-  timeout 120 mkfs.ext4 -q "$LOOP" || fail "mkfs.ext4 on the served disk failed"
+  timeout 120 "mkfs.$FS_TYPE" -q "$LOOP" || fail "mkfs.$FS_TYPE on the served disk failed"
   mount "$LOOP" mnt || fail "mount of the new filesystem failed"
 }
 
@@ -113,13 +125,13 @@ serve_attached() {
 
 # ---- kill -9 under a busy filesystem ------------------------------------
 # kill_rounds N IMAGE [AFTER_KILL...]: IMAGE is served (serve_attached) and
-# its ext4 mounted at mnt/ with a directory d/. N times: two writers create
+# its filesystem mounted at mnt/ with a directory d/. N times: two writers create
 # files in d/, each fsynced before it is logged (dd conv=fsync), and now and
 # then remove an older one (logged before the rm); the server is killed
 # (SIGKILL) at a random moment (RANDOM: seed it first). Then AFTER_KILL runs
 # (e.g. a RADOS image's lock broken), `thindisk check` must find no
-# corruption (leaks allowed), the image is served again, ext4 replays its
-# journal, e2fsck must be clean, and every file whose fsync returned must
+# corruption (leaks allowed), the image is served again, the filesystem
+# replays its journal (log), fs_check must be clean, and every file whose fsync returned must
 # read back exactly. Leaves the image served and mounted.
 FS_POOL=16 # the files' contents: host copies to compare with
 
