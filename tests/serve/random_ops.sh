@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Seeded random operations, the same list three ways: through `thindisk
+# serve` (qemu-io over NBD), through qemu's own qcow2 driver (qemu-io on a
+# copy made by qemu-img) and on a raw file (the model). After every batch the
+# three hold the same bytes (qemu-img compare), and both qcow2 images pass
+# `qemu-img check` and `thindisk check`. Each configuration is an image
+# geometry the fixed scripts meet only at chosen offsets: cluster sizes from
+# 512 B to 2 MiB, extended L2 on and off, refcount widths, a backing file
+# (compressed or not), an unaligned virtual size; and server settings that
+# take other paths: a metadata cache of one table (every lookup evicts),
+# zero detection, O_DIRECT.
+#
+# Operations: writes of a random byte at byte granularity (qemu-io splits
+# nothing: the server gets requests of any alignment), write-zeroes with and
+# without unmap (-u), cluster-aligned discards (qemu and thindisk both make a
+# discarded cluster read as zeroes; an unaligned discard may keep its data,
+# which NBD allows, so the model could not say what it reads), flushes.
+# Between batches the server is stopped and started again, so the next batch
+# runs on what was written to the file; after the first, an internal
+# snapshot is taken (qemu-img snapshot and thindisk snapshot); after the
+# second both go back to it and grow by a size that is no multiple of the
+# cluster; after the third the server reads the whole disk back (nbdcopy)
+# and the snapshot is deleted. Every compare is made twice, by qemu-img and
+# by thindisk compare: thindisk's read path and qemu's.
+#
+# THINDISK_SEED=N reproduces a run; THINDISK_RANDOM_OPS=N sets the operations
+# per batch (default 150).
+source "$(dirname "$0")/lib.sh"
+require_tool qemu-io qemu-img nbdcopy
+
+random_seed
+RANDOM=$((SEED % 32768))
+OPS=${THINDISK_RANDOM_OPS:-150}
+
+# rnd N: a random number in [0, N), from bash's seeded generator (30 bits).
+rnd() { echo $((((RANDOM << 15) | RANDOM) % $1)); }
+
+# gen_ops C S N: N qemu-io commands for an image of cluster size C and size S.
+gen_ops() {
+  local c=$1 s=$2 n=$3 i kind off len
+  for ((i = 0; i < n; i++)); do
+    kind=$(rnd 20)
+    if ((kind < 10)); then # a write, byte- or sector-granular
+      if (($(rnd 2))); then
+        off=$(rnd "$s")
+        len=$((1 + $(rnd $((3 * c)))))
+      else
+        off=$(($(rnd $((s / 512))) * 512))
+        len=$(((1 + $(rnd $((6 * c / 512 + 1)))) * 512))
+      fi
+      ((off + len <= s)) || len=$((s - off))
+      echo "write -q -P $(($(rnd 8) ? 1 + $(rnd 255) : 0)) $off $len"
+    elif ((kind < 15)); then # write-zeroes, sector-granular, maybe unmapping
+      off=$(($(rnd $((s / 512))) * 512))
+      len=$(((1 + $(rnd $((6 * c / 512 + 1)))) * 512))
+      ((off + len <= s)) || len=$((s - off))
+      if (($(rnd 2))); then echo "write -q -z -u $off $len"; else echo "write -q -z $off $len"; fi
+    elif ((kind < 19)); then # a discard of whole clusters
+      off=$(($(rnd $((s / c))) * c))
+      len=$(((1 + $(rnd 4)) * c))
+      ((off + len <= s / c * c)) || len=$((s / c * c - off))
+      ((len > 0)) && echo "discard -q $off $len"
+    else
+      echo "flush"
+    fi
+  done
+}
+
+# apply WHAT FMT TARGET OPSFILE: run the commands with qemu-io.
+apply() {
+  qemu-io -f "$2" "$3" <"$4" >"$1.io" 2>&1 || { tail "$1.io" >&2; fail "qemu-io on $1 failed"; }
+  if grep -v '^qemu-io>' "$1.io" | grep -q .; then
+    cat "$1.io" >&2
+    fail "qemu-io on $1 printed an error"
+  fi
+}
+
+# same_bytes WHAT: qemu's image and thindisk's hold the model's bytes, as
+# qemu reads them and as thindisk does.
+same_bytes() {
+  qemu-img compare -q -f raw -F qcow2 model.raw qemu.qcow2 ||
+    fail "$1: qemu's image differs from the model (qemu-img, qemu-io)"
+  qemu-img compare -f raw -F qcow2 model.raw td.qcow2 >compare.out 2>&1 ||
+    { cat compare.out >&2; fail "$1: thindisk's image differs from the model"; }
+  "$TD" compare -f raw -F qcow2 model.raw td.qcow2 >compare.out 2>&1 ||
+    { cat compare.out >&2; fail "$1: thindisk reads its image otherwise than qemu"; }
+}
+
+# run_case NAME CREATE_OPTS SIZE BASE [SERVE_ARGS...]: one configuration.
+# BASE is none, plain or compressed: the backing file both qcow2 images
+# start over.
+run_case() {
+  local name=$1 opts=$2 size=$3 base=$4 c b sock base_sum
+  shift 4
+  c=$(sed -n 's/.*cluster_size=\([0-9]*\).*/\1/p' <<<"$opts")
+  log "$name: $opts, size $size, base $base, serve $*"
+  rm -f ./*.qcow2 ./*.raw model.s1 served.raw
+  if [[ $base == none ]]; then
+    truncate -s "$size" model.raw
+    "$TD" create -f qcow2 -o "$opts" td.qcow2 "$size" >/dev/null
+    qemu-img create -q -f qcow2 -o "$opts" qemu.qcow2 "$size"
+  else
+    truncate -s "$size" model.raw
+    gen_ops "$c" "$size" 40 | grep -v discard >base_ops
+    apply base raw model.raw base_ops
+    if [[ $base == compressed ]]; then
+      qemu-img convert -q -c -f raw -O qcow2 -o "$opts" model.raw base.qcow2
+    else
+      qemu-img convert -q -f raw -O qcow2 -o "$opts" model.raw base.qcow2
+    fi
+    base_sum=$(sha256sum <base.qcow2)
+    "$TD" create -f qcow2 -o "$opts" -b base.qcow2 -F qcow2 td.qcow2 >/dev/null
+    qemu-img create -q -f qcow2 -o "$opts" -b base.qcow2 -F qcow2 qemu.qcow2
+  fi
+  sock=$PWD/td.sock
+  for ((b = 1; b <= 3; b++)); do
+    gen_ops "$c" "$size" "$OPS" >ops.$b
+    serve_unix td "$sock" "$@" -f qcow2 td.qcow2
+    apply "thindisk serve" raw "$(uri "$sock")" ops.$b
+    stop_server "$SERVER_PID" td
+    apply qemu qcow2 qemu.qcow2 ops.$b
+    apply model raw model.raw ops.$b
+    same_bytes "$name batch $b"
+    check_clean td.qcow2
+    "$TD" check td.qcow2 >tdcheck.out 2>&1 ||
+      { cat tdcheck.out >&2; fail "$name batch $b: thindisk check failed"; }
+    case $b in
+      1) # an internal snapshot of what batch 1 left (refcount_bits=1 cannot
+        # count a snapshot's clusters: qemu-img and thindisk refuse it)
+        [[ $opts == *refcount_bits=1* ]] && continue
+        "$TD" snapshot -q -c s1 td.qcow2 || fail "$name: snapshot -c failed"
+        qemu-img snapshot -c s1 qemu.qcow2
+        cp model.raw model.s1 ;;
+      2) # back to it, then grown by a size that is no multiple of the cluster
+        if [[ -e model.s1 ]]; then
+          "$TD" snapshot -q -a s1 td.qcow2 || fail "$name: snapshot -a failed"
+          qemu-img snapshot -a s1 qemu.qcow2
+          mv model.s1 model.raw
+          same_bytes "$name after snapshot -a"
+        fi
+        size=$((size + (1 + $(rnd $((4 * c / 512)))) * 512))
+        "$TD" resize -q td.qcow2 "$size" || fail "$name: resize to $size failed"
+        qemu-img resize -q -f qcow2 qemu.qcow2 "$size"
+        truncate -s "$size" model.raw
+        same_bytes "$name after the resize to $size" ;;
+      3) # read back through the server too; the snapshot dropped
+        serve_unix td "$sock" "$@" -r -f qcow2 td.qcow2
+        nbdcopy "$(uri "$sock")" served.raw || fail "$name: nbdcopy from the server failed"
+        stop_server "$SERVER_PID" td
+        cmp -s model.raw served.raw || fail "$name: the server reads otherwise than the model"
+        [[ $opts == *refcount_bits=1* ]] && continue
+        "$TD" snapshot -q -d s1 td.qcow2 || fail "$name: snapshot -d failed"
+        check_clean td.qcow2 ;;
+    esac
+  done
+  [[ $base == none ]] || [[ $(sha256sum <base.qcow2) == "$base_sum" ]] ||
+    fail "$name: the backing file changed"
+}
+
+run_case default "cluster_size=65536" $((64 << 20)) none
+run_case small-clusters "cluster_size=4096,extended_l2=off" $((8 << 20)) none --cache-size 1
+run_case subclusters "cluster_size=32768,extended_l2=on" $((16 << 20)) plain --detect-zeroes unmap
+run_case compressed-base "cluster_size=65536,extended_l2=on" $((24 << 20)) compressed --cache none
+run_case tiny "cluster_size=512,extended_l2=off,refcount_bits=1" $((1 << 20)) none --cache-size 1
+run_case large "cluster_size=2097152,extended_l2=on,refcount_bits=64" $((40 << 20)) plain
+run_case unaligned "cluster_size=131072,extended_l2=on" $(((48 << 20) + 3 * 512)) plain --detect-zeroes on
+echo PASS
