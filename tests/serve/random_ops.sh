@@ -2,13 +2,13 @@
 # Seeded random operations, the same list three ways: through `thindisk
 # serve` (qemu-io over NBD), through qemu's own qcow2 driver (qemu-io on a
 # copy made by qemu-img) and on a raw file (the model). After every batch the
-# three hold the same bytes (qemu-img compare), and both qcow2 images pass
+# three hold the same bytes (qemu-img compare), and thindisk's image passes
 # `qemu-img check` and `thindisk check`. Each configuration is an image
 # geometry the fixed scripts meet only at chosen offsets: cluster sizes from
 # 512 B to 2 MiB, extended L2 on and off, refcount widths, a backing file
-# (compressed or not), an unaligned virtual size; and server settings that
-# take other paths: a metadata cache of one table (every lookup evicts),
-# zero detection, O_DIRECT.
+# (compressed or not, or read through NBD from qemu-nbd), an unaligned
+# virtual size; and server settings that take other paths: a metadata cache
+# of one table (every lookup evicts), zero detection, O_DIRECT.
 #
 # Operations: writes of a random byte at byte granularity (qemu-io splits
 # nothing: the server gets requests of any alignment), write-zeroes with and
@@ -22,6 +22,11 @@
 # cluster; after the third the server reads the whole disk back (nbdcopy)
 # and the snapshot is deleted. Every compare is made twice, by qemu-img and
 # by thindisk compare: thindisk's read path and qemu's.
+#
+# With RANDOM_OPS_POOL=POOL (tests/ceph/random_ops.sh) thindisk's image lives
+# in that RADOS pool instead (rados://, objects of 64 KiB or one cluster),
+# its backing file still a local one; qemu-img reads a copy that thindisk
+# convert makes of it.
 #
 # THINDISK_SEED=N reproduces a run; THINDISK_RANDOM_OPS=N sets the operations
 # per batch (default 150).
@@ -75,29 +80,53 @@ apply() {
   fi
 }
 
+# td_file: a file qemu can read with thindisk's image: the image itself, or
+# a copy of a rados:// one.
+td_file() {
+  if [[ $td == rados://* ]]; then
+    rm -f td-copy.qcow2
+    "$TD" convert -O qcow2 "$td" td-copy.qcow2 >convert.out 2>&1 ||
+      { cat convert.out >&2; fail "thindisk convert of $td failed"; }
+    echo td-copy.qcow2
+  else
+    echo "$td"
+  fi
+}
+
 # same_bytes WHAT: qemu's image and thindisk's hold the model's bytes, as
-# qemu reads them and as thindisk does.
+# qemu reads them and as thindisk does; both images are clean.
 same_bytes() {
+  local file
   qemu-img compare -q -f raw -F qcow2 model.raw qemu.qcow2 ||
     fail "$1: qemu's image differs from the model (qemu-img, qemu-io)"
-  qemu-img compare -f raw -F qcow2 model.raw td.qcow2 >compare.out 2>&1 ||
-    { cat compare.out >&2; fail "$1: thindisk's image differs from the model"; }
-  "$TD" compare -f raw -F qcow2 model.raw td.qcow2 >compare.out 2>&1 ||
-    { cat compare.out >&2; fail "$1: thindisk reads its image otherwise than qemu"; }
+  "$TD" compare -f raw -F qcow2 model.raw "$td" >compare.out 2>&1 ||
+    { cat compare.out >&2; fail "$1: thindisk reads otherwise than the model"; }
+  file=$(td_file)
+  qemu-img compare -f raw -F qcow2 model.raw "$file" >compare.out 2>&1 ||
+    { cat compare.out >&2; fail "$1: qemu reads thindisk's image otherwise than the model"; }
+  check_clean "$file"
+  "$TD" check "$td" >tdcheck.out 2>&1 || { cat tdcheck.out >&2; fail "$1: thindisk check failed"; }
 }
 
 # run_case NAME CREATE_OPTS SIZE BASE [SERVE_ARGS...]: one configuration.
-# BASE is none, plain or compressed: the backing file both qcow2 images
-# start over.
+# BASE is none, plain, compressed (the backing file both qcow2 images start
+# over) or nbd: a plain one that qemu's image names as a file and thindisk's
+# as qemu-nbd's read-only export of it (thindisk's NBD client reads it).
 run_case() {
-  local name=$1 opts=$2 size=$3 base=$4 c b sock base_sum
+  local name=$1 opts=$2 size=$3 base=$4 c b sock base_sum base_pid="" td td_opts
   shift 4
   c=$(sed -n 's/.*cluster_size=\([0-9]*\).*/\1/p' <<<"$opts")
-  log "$name: $opts, size $size, base $base, serve $*"
+  td=td.qcow2
+  td_opts=$opts
+  if [[ -n ${RANDOM_OPS_POOL:-} ]]; then
+    td=rados://$RANDOM_OPS_POOL/ro$$-$name
+    td_opts+=,object_size=$((c > 65536 ? c : 65536))
+  fi
+  log "$name: $td_opts, size $size, base $base, serve $*"
   rm -f ./*.qcow2 ./*.raw model.s1 served.raw
   if [[ $base == none ]]; then
     truncate -s "$size" model.raw
-    "$TD" create -f qcow2 -o "$opts" td.qcow2 "$size" >/dev/null
+    "$TD" create -f qcow2 -o "$td_opts" "$td" "$size" >/dev/null
     qemu-img create -q -f qcow2 -o "$opts" qemu.qcow2 "$size"
   else
     truncate -s "$size" model.raw
@@ -109,52 +138,57 @@ run_case() {
       qemu-img convert -q -f raw -O qcow2 -o "$opts" model.raw base.qcow2
     fi
     base_sum=$(sha256sum <base.qcow2)
-    "$TD" create -f qcow2 -o "$opts" -b base.qcow2 -F qcow2 td.qcow2 >/dev/null
+    if [[ $base == nbd ]]; then
+      qemu_nbd_unix base "$PWD/base.sock" -t -r -f qcow2 base.qcow2
+      base_pid=$SERVER_PID
+      "$TD" create -f qcow2 -o "$td_opts" -b "$(uri "$PWD/base.sock")" -F raw "$td" >/dev/null
+    else
+      "$TD" create -f qcow2 -o "$td_opts" -b "$PWD/base.qcow2" -F qcow2 "$td" >/dev/null
+    fi
     qemu-img create -q -f qcow2 -o "$opts" -b base.qcow2 -F qcow2 qemu.qcow2
   fi
   sock=$PWD/td.sock
   for ((b = 1; b <= 3; b++)); do
     gen_ops "$c" "$size" "$OPS" >ops.$b
-    serve_unix td "$sock" "$@" -f qcow2 td.qcow2
+    serve_unix td "$sock" "$@" -f qcow2 "$td"
     apply "thindisk serve" raw "$(uri "$sock")" ops.$b
     stop_server "$SERVER_PID" td
     apply qemu qcow2 qemu.qcow2 ops.$b
     apply model raw model.raw ops.$b
     same_bytes "$name batch $b"
-    check_clean td.qcow2
-    "$TD" check td.qcow2 >tdcheck.out 2>&1 ||
-      { cat tdcheck.out >&2; fail "$name batch $b: thindisk check failed"; }
     case $b in
       1) # an internal snapshot of what batch 1 left (refcount_bits=1 cannot
         # count a snapshot's clusters: qemu-img and thindisk refuse it)
         [[ $opts == *refcount_bits=1* ]] && continue
-        "$TD" snapshot -q -c s1 td.qcow2 || fail "$name: snapshot -c failed"
+        "$TD" snapshot -q -c s1 "$td" || fail "$name: snapshot -c failed"
         qemu-img snapshot -c s1 qemu.qcow2
         cp model.raw model.s1 ;;
       2) # back to it, then grown by a size that is no multiple of the cluster
         if [[ -e model.s1 ]]; then
-          "$TD" snapshot -q -a s1 td.qcow2 || fail "$name: snapshot -a failed"
+          "$TD" snapshot -q -a s1 "$td" || fail "$name: snapshot -a failed"
           qemu-img snapshot -a s1 qemu.qcow2
           mv model.s1 model.raw
           same_bytes "$name after snapshot -a"
         fi
         size=$((size + (1 + $(rnd $((4 * c / 512)))) * 512))
-        "$TD" resize -q td.qcow2 "$size" || fail "$name: resize to $size failed"
+        "$TD" resize -q "$td" "$size" || fail "$name: resize to $size failed"
         qemu-img resize -q -f qcow2 qemu.qcow2 "$size"
         truncate -s "$size" model.raw
         same_bytes "$name after the resize to $size" ;;
       3) # read back through the server too; the snapshot dropped
-        serve_unix td "$sock" "$@" -r -f qcow2 td.qcow2
+        serve_unix td "$sock" "$@" -r -f qcow2 "$td"
         nbdcopy "$(uri "$sock")" served.raw || fail "$name: nbdcopy from the server failed"
         stop_server "$SERVER_PID" td
         cmp -s model.raw served.raw || fail "$name: the server reads otherwise than the model"
         [[ $opts == *refcount_bits=1* ]] && continue
-        "$TD" snapshot -q -d s1 td.qcow2 || fail "$name: snapshot -d failed"
-        check_clean td.qcow2 ;;
+        "$TD" snapshot -q -d s1 "$td" || fail "$name: snapshot -d failed"
+        check_clean "$(td_file)" ;;
     esac
   done
+  [[ -z $base_pid ]] || kill_server "$base_pid"
   [[ $base == none ]] || [[ $(sha256sum <base.qcow2) == "$base_sum" ]] ||
     fail "$name: the backing file changed"
+  [[ $td != rados://* ]] || "$TD" rm "$td" >/dev/null || fail "thindisk rm $td failed"
 }
 
 run_case default "cluster_size=65536" $((64 << 20)) none
@@ -163,5 +197,6 @@ run_case subclusters "cluster_size=32768,extended_l2=on" $((16 << 20)) plain --d
 run_case compressed-base "cluster_size=65536,extended_l2=on" $((24 << 20)) compressed --cache none
 run_case tiny "cluster_size=512,extended_l2=off,refcount_bits=1" $((1 << 20)) none --cache-size 1
 run_case large "cluster_size=2097152,extended_l2=on,refcount_bits=64" $((40 << 20)) plain
+run_case nbd-base "cluster_size=65536,extended_l2=off" $((20 << 20)) nbd
 run_case unaligned "cluster_size=131072,extended_l2=on" $(((48 << 20) + 3 * 512)) plain --detect-zeroes on
 echo PASS
