@@ -20,8 +20,10 @@
 # snapshot is taken (qemu-img snapshot and thindisk snapshot); after the
 # second both go back to it and grow by a size that is no multiple of the
 # cluster; after the third the server reads the whole disk back (nbdcopy)
-# and the snapshot is deleted. Every compare is made twice, by qemu-img and
-# by thindisk compare: thindisk's read path and qemu's.
+# and the snapshot is deleted, thindisk convert copies the image with options
+# drawn at random (cluster size, extended L2, -c, -B), and at the end thindisk
+# commit folds the overlay into its base. Every compare is made twice, by
+# qemu-img and by thindisk compare: thindisk's read path and qemu's.
 #
 # With RANDOM_OPS_POOL=POOL (tests/ceph/random_ops.sh) thindisk's image lives
 # in that RADOS pool instead (rados://, objects of 64 KiB or one cluster),
@@ -108,6 +110,28 @@ same_bytes() {
   "$TD" check "$td" >tdcheck.out 2>&1 || { cat tdcheck.out >&2; fail "$1: thindisk check failed"; }
 }
 
+# convert_check NAME IMAGE C BASE: IMAGE converted by thindisk, with options
+# drawn at random (compressed or not, another cluster size, extended L2 on
+# or off, only what the backing file lacks with -B), reads as the model and
+# passes qemu-img check.
+convert_check() {
+  local args=(-O qcow2) cs o
+  cs=$((512 << $(rnd 13)))
+  o=cluster_size=$cs
+  if ((cs >= 16384)); then
+    if (($(rnd 2))); then o+=,extended_l2=on; else o+=,extended_l2=off; fi
+  fi
+  args+=(-o "$o")
+  (($(rnd 2))) && args+=(-c)
+  [[ $4 == plain || $4 == compressed ]] && (($(rnd 2))) && args+=(-B "$PWD/base.qcow2" -F qcow2)
+  rm -f converted.qcow2
+  "$TD" convert -q "${args[@]}" "$2" converted.qcow2 >convert.out 2>&1 ||
+    { cat convert.out >&2; fail "$1: convert ${args[*]} failed"; }
+  qemu-img compare -f raw -F qcow2 model.raw converted.qcow2 >compare.out 2>&1 ||
+    { cat compare.out >&2; fail "$1: convert ${args[*]} reads otherwise than the model"; }
+  check_clean converted.qcow2
+}
+
 # run_case NAME CREATE_OPTS SIZE BASE [SERVE_ARGS...]: one configuration.
 # BASE is none, plain, compressed (the backing file both qcow2 images start
 # over) or nbd: a plain one that qemu's image names as a file and thindisk's
@@ -180,14 +204,24 @@ run_case() {
         nbdcopy "$(uri "$sock")" served.raw || fail "$name: nbdcopy from the server failed"
         stop_server "$SERVER_PID" td
         cmp -s model.raw served.raw || fail "$name: the server reads otherwise than the model"
-        [[ $opts == *refcount_bits=1* ]] && continue
-        "$TD" snapshot -q -d s1 "$td" || fail "$name: snapshot -d failed"
-        check_clean "$(td_file)" ;;
+        if [[ $opts != *refcount_bits=1* ]]; then
+          "$TD" snapshot -q -d s1 "$td" || fail "$name: snapshot -d failed"
+          check_clean "$(td_file)"
+        fi
+        convert_check "$name" "$td" "$c" "$base" ;;
     esac
   done
   [[ -z $base_pid ]] || kill_server "$base_pid"
   [[ $base == none ]] || [[ $(sha256sum <base.qcow2) == "$base_sum" ]] ||
     fail "$name: the backing file changed"
+  if [[ $base == plain || $base == compressed ]]; then
+    # thindisk commit folds the overlay into the base (grown to its size)
+    "$TD" commit -q "$td" || fail "$name: commit failed"
+    qemu-img compare -f raw -F qcow2 model.raw base.qcow2 >compare.out 2>&1 ||
+      { cat compare.out >&2; fail "$name: the base after commit differs from the model"; }
+    check_clean base.qcow2
+    same_bytes "$name: the overlay after commit"
+  fi
   [[ $td != rados://* ]] || "$TD" rm "$td" >/dev/null || fail "thindisk rm $td failed"
 }
 
