@@ -22,7 +22,8 @@
 # cluster; after the third the server reads the whole disk back (nbdcopy)
 # and the snapshot is deleted, thindisk convert copies the image with options
 # drawn at random (cluster size, extended L2, -c, -B), and at the end thindisk
-# commit folds the overlay into its base. Every compare is made twice, by
+# commit folds the overlay into its base, and a safe rebase moves it onto a
+# base of other bytes (half the size). Every compare is made twice, by
 # qemu-img and by thindisk compare: thindisk's read path and qemu's.
 #
 # With RANDOM_OPS_POOL=POOL (tests/ceph/random_ops.sh) thindisk's image lives
@@ -39,32 +40,48 @@ random_seed
 RANDOM=$((SEED % 32768))
 OPS=${THINDISK_RANDOM_OPS:-150}
 
-# rnd N: a random number in [0, N), from bash's seeded generator (30 bits).
-rnd() { echo $((((RANDOM << 15) | RANDOM) % $1)); }
+# rnd N: R is a random number in [0, N), from bash's seeded generator (30
+# bits). Never in a subshell ($(...), a pipeline): bash reseeds RANDOM
+# there, and the run would no longer follow THINDISK_SEED.
+rnd() { R=$((((RANDOM << 15) | RANDOM) % $1)); }
 
 # gen_ops C S N: N qemu-io commands for an image of cluster size C and size S.
 gen_ops() {
-  local c=$1 s=$2 n=$3 i kind off len
+  local c=$1 s=$2 n=$3 i kind off len pattern
   for ((i = 0; i < n; i++)); do
-    kind=$(rnd 20)
+    rnd 20
+    kind=$R
     if ((kind < 10)); then # a write, byte- or sector-granular
-      if (($(rnd 2))); then
-        off=$(rnd "$s")
-        len=$((1 + $(rnd $((3 * c)))))
+      rnd 2
+      if ((R)); then
+        rnd "$s"
+        off=$R
+        rnd $((3 * c))
+        len=$((1 + R))
       else
-        off=$(($(rnd $((s / 512))) * 512))
-        len=$(((1 + $(rnd $((6 * c / 512 + 1)))) * 512))
+        rnd $((s / 512))
+        off=$((R * 512))
+        rnd $((6 * c / 512 + 1))
+        len=$(((1 + R) * 512))
       fi
       ((off + len <= s)) || len=$((s - off))
-      echo "write -q -P $(($(rnd 8) ? 1 + $(rnd 255) : 0)) $off $len"
+      rnd 8
+      pattern=0
+      ((R == 0)) || { rnd 255 && pattern=$((1 + R)); }
+      echo "write -q -P $pattern $off $len"
     elif ((kind < 15)); then # write-zeroes, sector-granular, maybe unmapping
-      off=$(($(rnd $((s / 512))) * 512))
-      len=$(((1 + $(rnd $((6 * c / 512 + 1)))) * 512))
+      rnd $((s / 512))
+      off=$((R * 512))
+      rnd $((6 * c / 512 + 1))
+      len=$(((1 + R) * 512))
       ((off + len <= s)) || len=$((s - off))
-      if (($(rnd 2))); then echo "write -q -z -u $off $len"; else echo "write -q -z $off $len"; fi
+      rnd 2
+      if ((R)); then echo "write -q -z -u $off $len"; else echo "write -q -z $off $len"; fi
     elif ((kind < 19)); then # a discard of whole clusters
-      off=$(($(rnd $((s / c))) * c))
-      len=$(((1 + $(rnd 4)) * c))
+      rnd $((s / c))
+      off=$((R * c))
+      rnd 4
+      len=$(((1 + R) * c))
       ((off + len <= s / c * c)) || len=$((s / c * c - off))
       ((len > 0)) && echo "discard -q $off $len"
     else
@@ -116,14 +133,18 @@ same_bytes() {
 # passes qemu-img check.
 convert_check() {
   local args=(-O qcow2) cs o
-  cs=$((512 << $(rnd 13)))
+  rnd 13
+  cs=$((512 << R))
   o=cluster_size=$cs
+  rnd 2
   if ((cs >= 16384)); then
-    if (($(rnd 2))); then o+=,extended_l2=on; else o+=,extended_l2=off; fi
+    if ((R)); then o+=,extended_l2=on; else o+=,extended_l2=off; fi
   fi
   args+=(-o "$o")
-  (($(rnd 2))) && args+=(-c)
-  [[ $4 == plain || $4 == compressed ]] && (($(rnd 2))) && args+=(-B "$PWD/base.qcow2" -F qcow2)
+  rnd 2
+  ((R)) && args+=(-c)
+  rnd 2
+  [[ $4 == plain || $4 == compressed ]] && ((R)) && args+=(-B "$PWD/base.qcow2" -F qcow2)
   rm -f converted.qcow2
   "$TD" convert -q "${args[@]}" "$2" converted.qcow2 >convert.out 2>&1 ||
     { cat convert.out >&2; fail "$1: convert ${args[*]} failed"; }
@@ -154,7 +175,8 @@ run_case() {
     qemu-img create -q -f qcow2 -o "$opts" qemu.qcow2 "$size"
   else
     truncate -s "$size" model.raw
-    gen_ops "$c" "$size" 40 | grep -v discard >base_ops
+    gen_ops "$c" "$size" 40 >base_ops.all
+    grep -v discard base_ops.all >base_ops
     apply base raw model.raw base_ops
     if [[ $base == compressed ]]; then
       qemu-img convert -q -c -f raw -O qcow2 -o "$opts" model.raw base.qcow2
@@ -194,7 +216,8 @@ run_case() {
           mv model.s1 model.raw
           same_bytes "$name after snapshot -a"
         fi
-        size=$((size + (1 + $(rnd $((4 * c / 512)))) * 512))
+        rnd $((4 * c / 512))
+        size=$((size + (1 + R) * 512))
         "$TD" resize -q "$td" "$size" || fail "$name: resize to $size failed"
         qemu-img resize -q -f qcow2 qemu.qcow2 "$size"
         truncate -s "$size" model.raw
@@ -221,6 +244,14 @@ run_case() {
       { cat compare.out >&2; fail "$name: the base after commit differs from the model"; }
     check_clean base.qcow2
     same_bytes "$name: the overlay after commit"
+    # a safe rebase onto a base of other bytes keeps what the guest reads
+    truncate -s $((size / 2)) other.raw
+    gen_ops "$c" $((size / 2)) 40 >other_ops.all
+    grep -v discard other_ops.all >other_ops
+    apply other raw other.raw other_ops
+    qemu-img convert -q -f raw -O qcow2 other.raw other.qcow2
+    "$TD" rebase -q -b "$PWD/other.qcow2" -F qcow2 "$td" || fail "$name: rebase failed"
+    same_bytes "$name: after rebase onto other bytes"
   fi
   [[ $td != rados://* ]] || "$TD" rm "$td" >/dev/null || fail "thindisk rm $td failed"
 }
