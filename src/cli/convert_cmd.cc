@@ -1,12 +1,18 @@
 // thindisk convert: copy an image's guest content into a new image, writing
 // only what holds data (zero and unallocated ranges are skipped, and so are
-// all-zero buffers), optionally compressed. The source is opened read-only;
-// a failed conversion removes the destination.
+// all-zero buffers; cli/convert_copy.h), optionally compressed. The source
+// is opened read-only; a failed conversion removes the destination.
 //
 // Source and destination may be NBD URIs (block/open.h). An NBD destination
 // is an existing export, not a new file: the image is written onto it (as
 // qemu-img convert -n does), it must be large enough, and it is not removed
 // on failure (it is the server's).
+//
+// -n writes into an existing destination of any kind, opened in the format
+// -O names: every byte of the source is written, zeros included (as write
+// zeroes), unless --target-is-zero says it already reads as zeros. It is
+// never removed on failure. -t/-T choose the cache modes of destination
+// and source as qemu-img's do (none: O_DIRECT); -W and -m are accepted.
 //
 // --bitmaps copies the persistent dirty bitmaps of a qcow2 source's top
 // layer into a qcow2 destination, as qemu-img convert --bitmaps does (same
@@ -17,296 +23,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <functional>
-#include <mutex>
-#include <thread>
+#include <string>
 #include <vector>
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/convert_copy.h"
 #include "cli/image_create.h"
+#include "cli/serve_options.h"
 #include "cli/writeback.h"
 #include "io/rados_name.h"
 #include "nbdclient/nbd_uri.h"
 #include "qcow2/bitmaps.h"
 #include "qcow2/image.h"
-#include "qcow2/measure.h"
 
 namespace thindisk::cli {
 namespace {
-
-// Bytes read from the source per step, and the zero detection grain inside
-// a chunk (a run of zeros this large is not written; qemu-img convert's
-// default -S is 4 KiB). `measure` replays the same grain (qcow2/measure.h).
-constexpr uint64_t kCopyChunk = qcow2::kConvertChunk;
-constexpr uint64_t kSparseGrain = qcow2::kConvertSparseGrain;
-// Plain copies read ahead and write in order (CopyPlain): kCopyReaders
-// threads fetch runs of kCopyRun bytes (block status and data) while this
-// thread writes finished runs in guest order, as qemu-img convert does
-// without -W. So many requests are in flight against a source with latency
-// (an NBD export answers each after a round trip), while the target's host
-// layout still follows guest order: later sequential reads stay sequential
-// and measure's prediction of the file size stays exact.
-constexpr uint64_t kCopyRun = kCopyChunk;
-constexpr size_t kCopyReaders = 8;
-// Compression is CPU-bound: runs of kCompressRun clusters over the
-// machine's CPUs, at most kMaxCompressThreads (ForEachRun).
-constexpr uint64_t kCompressRun = 16;
-constexpr size_t kMaxCompressThreads = 8;
-
-class Converter {
- public:
-  // `writeback` (optional) is told what each copy step wrote.
-  Converter(block::Device& src, block::Device& dst, bool target_has_backing, Progress& progress,
-            BackgroundWriteback* writeback)
-      : src_(src),
-        dst_(dst),
-        target_has_backing_(target_has_backing),
-        progress_(progress),
-        writeback_(writeback) {}
-
-  Status CopyPlain() {
-    const uint64_t size = src_.size();
-    const uint64_t runs = (size + kCopyRun - 1) / kCopyRun;
-    // Run r is fetched into slots[r % kCopyReaders] once run r - kCopyReaders
-    // has been written.
-    std::vector<FetchedRun> slots(kCopyReaders);
-    std::mutex mu;
-    std::condition_variable cv;
-    uint64_t next_fetch = 0;  // guarded by mu
-    uint64_t written = 0;     // runs written, in order; guarded by mu
-    bool stop = false;        // guarded by mu
-    auto reader = [&] {
-      std::unique_lock<std::mutex> lock(mu);
-      while (!stop && next_fetch < runs) {
-        const uint64_t r = next_fetch++;
-        FetchedRun& slot = slots[r % kCopyReaders];
-        cv.wait(lock, [&] { return stop || r < written + kCopyReaders; });
-        if (stop) return;
-        lock.unlock();
-        const uint64_t begin = r * kCopyRun;
-        Status s = Fetch(begin, std::min(size, begin + kCopyRun), slot);
-        lock.lock();
-        slot.status = s;
-        slot.run = r;
-        slot.ready = true;
-        cv.notify_all();
-      }
-    };
-    std::vector<std::thread> readers;
-    for (size_t i = 0; i < kCopyReaders && i < runs; ++i) readers.emplace_back(reader);
-    Status result;
-    for (uint64_t r = 0; r < runs; ++r) {
-      FetchedRun& slot = slots[r % kCopyReaders];
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return slot.ready && slot.run == r; });
-      }
-      Status s = slot.status.ok() ? WriteFetched(slot) : slot.status;
-      // Read before the slot goes back: a reader refills it at once.
-      const uint64_t data_bytes = slot.data_bytes;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        slot.ready = false;
-        ++written;
-        if (!s.ok()) stop = true;
-      }
-      cv.notify_all();
-      if (!s.ok()) {
-        result = s;
-        break;
-      }
-      progress_.Update(std::min(size, (r + 1) * kCopyRun), size);
-      if (writeback_ != nullptr) writeback_->Wrote(data_bytes);
-    }
-    for (std::thread& t : readers) t.join();
-    return result;
-  }
-
-  // Compressed clusters land in the file in roughly guest order (runs are
-  // handed out in order); WriteCompressed is safe for concurrent use on
-  // different clusters.
-  Status CopyCompressed() {
-    auto* image = dynamic_cast<qcow2::Image*>(&dst_);
-    if (image == nullptr) return Status::InvalidArgument("compression (-c) needs a qcow2 target");
-    const uint64_t cluster = image->header().cluster_size();
-    const size_t threads =
-        std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMaxCompressThreads);
-    return ForEachRun(cluster * kCompressRun, threads, cluster,
-                      [&](uint64_t begin, uint64_t end, std::vector<uint8_t>& buf) {
-                        return CompressRange(*image, begin, end, cluster, buf);
-                      });
-  }
-
- private:
-  using RunFn = std::function<Status(uint64_t begin, uint64_t end, std::vector<uint8_t>& buf)>;
-
-  // Cuts the source into runs of `run_bytes`; `threads` threads (this one
-  // included, which also draws the progress) take runs in order from a
-  // shared counter and call `fn` on each with a buffer of `buf_bytes`. The
-  // first error stops every thread after its current run and is returned.
-  Status ForEachRun(uint64_t run_bytes, size_t threads, size_t buf_bytes, const RunFn& fn) {
-    const uint64_t size = src_.size();
-    const uint64_t runs = (size + run_bytes - 1) / run_bytes;
-    std::atomic<uint64_t> next_run{0};
-    std::atomic<uint64_t> done_bytes{0};
-    std::atomic<bool> failed{false};
-    std::mutex error_mu;
-    Status first_error;
-    uint64_t reported = 0;  // source bytes told to the write-back (this thread's)
-    auto work = [&](bool report) {
-      std::vector<uint8_t> buf(buf_bytes);
-      for (uint64_t r; !failed.load() && (r = next_run.fetch_add(1)) < runs;) {
-        const uint64_t begin = r * run_bytes;
-        const uint64_t end = std::min(size, begin + run_bytes);
-        Status s = fn(begin, end, buf);
-        if (!s.ok()) {
-          std::lock_guard<std::mutex> lock(error_mu);
-          if (first_error.ok()) first_error = s;
-          failed = true;
-        }
-        done_bytes += end - begin;
-        if (report) Report(done_bytes.load(), size, reported);
-      }
-    };
-    std::vector<std::thread> helpers;
-    for (size_t i = 1; i < threads && i < runs; ++i) helpers.emplace_back(work, false);
-    work(true);
-    for (std::thread& t : helpers) t.join();
-    return first_error;
-  }
-
-  // Draws the progress and tells the write-back how many source bytes were
-  // done since the last call, standing in for the bytes written: compressed
-  // output is smaller (and skipped holes write nothing), so its syncs come
-  // more often than every 4 MiB of file.
-  void Report(uint64_t done, uint64_t size, uint64_t& reported) {
-    progress_.Update(done, size);
-    if (writeback_ != nullptr) writeback_->Wrote(done - reported);
-    reported = done;
-  }
-
-  // One run of the source as CopyPlain's readers fetch it: its extents in
-  // order, the data ones read into `data` (at their offset in the run).
-  struct Piece {
-    enum class Kind { kSkip, kZero, kData };
-    uint64_t offset = 0, length = 0;
-    Kind kind = Kind::kSkip;
-  };
-  struct FetchedRun {
-    uint64_t begin = 0;
-    std::vector<uint8_t> data;
-    std::vector<Piece> pieces;
-    uint64_t data_bytes = 0;  // in kData pieces
-    Status status;
-    uint64_t run = 0;    // guarded by CopyPlain's mutex, with ready
-    bool ready = false;  // fetched and not yet written
-  };
-
-  // Reads [begin, end) into `run`: skippable extents are not read (the
-  // fresh target reads the same), zero ones only matter over a target
-  // backing file, data is read whole.
-  Status Fetch(uint64_t begin, uint64_t end, FetchedRun& run) {
-    run.begin = begin;
-    run.pieces.clear();
-    run.data_bytes = 0;
-    run.data.resize(end - begin);
-    for (uint64_t offset = begin; offset < end;) {
-      TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, end - offset));
-      if (e.length == 0) return Status::Internal("block status returned an empty extent");
-      const uint64_t n = std::min(e.length, end - offset);
-      Piece p{offset, n, Piece::Kind::kData};
-      if (SkipExtent(e)) {
-        p.kind = Piece::Kind::kSkip;
-      } else if (e.zero) {
-        p.kind = Piece::Kind::kZero;  // zeros must hide the target's backing file
-      } else {
-        TD_RETURN_IF_ERROR(src_.Read(offset, std::span(run.data).subspan(offset - begin, n)));
-        run.data_bytes += n;
-      }
-      run.pieces.push_back(p);
-      offset += n;
-    }
-    return Status::Ok();
-  }
-
-  Status WriteFetched(const FetchedRun& run) {
-    for (const Piece& p : run.pieces) {
-      if (p.kind == Piece::Kind::kZero) {
-        TD_RETURN_IF_ERROR(dst_.WriteZeroes(p.offset, p.length));
-      } else if (p.kind == Piece::Kind::kData) {
-        TD_RETURN_IF_ERROR(WriteNonZeroRuns(
-            p.offset, std::span<const uint8_t>(run.data).subspan(p.offset - run.begin, p.length)));
-      }
-    }
-    return Status::Ok();
-  }
-
-  // Compresses the clusters of [offset, end) (cluster-aligned `offset`).
-  Status CompressRange(qcow2::Image& image, uint64_t offset, uint64_t end, uint64_t cluster,
-                       std::vector<uint8_t>& buf) {
-    while (offset < end) {
-      uint64_t n = std::min(cluster, end - offset);
-      TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, end - offset));
-      if (e.length >= n && SkipExtent(e)) {
-        // Jump over every whole cluster the skippable extent covers.
-        uint64_t stop = offset + e.length;
-        uint64_t next = stop >= end ? end : stop - stop % cluster;
-        offset = std::max(next, offset + n);
-        continue;
-      }
-      std::span<uint8_t> data(buf.data(), n);
-      TD_RETURN_IF_ERROR(src_.Read(offset, data));
-      if (IsAllZero(data.data(), n)) {
-        if (target_has_backing_) TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset, n));
-      } else {
-        TD_RETURN_IF_ERROR(image.WriteCompressed(offset, data));
-      }
-      offset += n;
-    }
-    return Status::Ok();
-  }
-
-  // Whether the extent needs no write at all. Without a target backing file
-  // the new image reads as zeros, so zero extents are skipped. With one
-  // (-B), what the source's own top layer does not hold comes from the
-  // backing file the target will share, as qemu-img convert -B assumes.
-  bool SkipExtent(const block::Extent& e) const {
-    if (target_has_backing_) return e.depth > 0 || !e.present;
-    return e.zero;
-  }
-
-  // Writes the parts of `data` that are not all zero, in maximal runs.
-  Status WriteNonZeroRuns(uint64_t offset, std::span<const uint8_t> data) {
-    size_t run_start = 0;
-    bool in_run = false;
-    for (size_t pos = 0; pos < data.size(); pos += kSparseGrain) {
-      size_t len = std::min<size_t>(kSparseGrain, data.size() - pos);
-      bool zero = IsAllZero(data.data() + pos, len);
-      if (!zero && !in_run) {
-        run_start = pos;
-        in_run = true;
-      } else if (zero && in_run) {
-        TD_RETURN_IF_ERROR(dst_.Write(offset + run_start, data.subspan(run_start, pos - run_start)));
-        in_run = false;
-      }
-      if (zero && target_has_backing_) {
-        TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset + pos, len));
-      }
-    }
-    if (in_run) TD_RETURN_IF_ERROR(dst_.Write(offset + run_start, data.subspan(run_start)));
-    return Status::Ok();
-  }
-
-  block::Device& src_;
-  block::Device& dst_;
-  bool target_has_backing_;
-  Progress& progress_;
-  BackgroundWriteback* writeback_;
-};
 
 // Copies the bitmaps `list` of `src` (its top layer's, directory order)
 // into `dst`, whose data is already written: a bitmap that tracked writes
@@ -359,8 +91,25 @@ class ConvertCommand final : public Subcommand {
                   "Copy the persistent bitmaps of a qcow2 source into the qcow2 destination");
     sub->add_flag("--skip-broken-bitmaps", skip_broken_bitmaps_,
                   "With --bitmaps: skip inconsistent (in_use) bitmaps instead of failing");
+    sub->add_flag("-n", no_create_,
+                  "Write into the existing destination (opened as -O, raw by default): no "
+                  "create, every byte written, zeros included; it must be at least as large");
+    sub->add_flag("--target-is-zero", target_is_zero_,
+                  "With -n: the destination reads as zeros, so zeros need not be written");
+    sub->add_option("-t", dst_cache_,
+                    "Destination cache mode: writeback (default), none or directsync (O_DIRECT), "
+                    "writethrough, unsafe");
+    sub->add_option("-T", src_cache_, "Source cache mode (as -t)");
+    sub->add_flag("-W", out_of_order_,
+                  "Accepted for qemu-img compatibility: thindisk reads ahead with 8 readers and "
+                  "writes in guest order");
+    sub->add_option("-m", coroutines_,
+                    "Accepted for qemu-img compatibility (1-16): the copy keeps 8 reads in flight")
+        ->check(CLI::Range(1, 16));
     sub->add_option("source", src_file_, "Source image")->required();
-    sub->add_option("destination", dst_file_, "Destination image (created)")->required();
+    sub->add_option("destination", dst_file_, "Destination image (created unless -n)")
+        ->required();
+    dst_format_option_ = sub->get_option("-O");
     return sub;
   }
 
@@ -368,16 +117,25 @@ class ConvertCommand final : public Subcommand {
     if (skip_broken_bitmaps_ && !bitmaps_) {
       return Status::InvalidArgument("Use of --skip-broken-bitmaps requires --bitmaps");
     }
+    TD_RETURN_IF_ERROR(CheckNoCreateOptions());
+    TD_ASSIGN_OR_RETURN(CacheChoice src_cache, ParseCache("-T", src_cache_));
+    TD_ASSIGN_OR_RETURN(dst_cache_choice_, ParseCache("-t", dst_cache_));
     block::OpenOptions src_options;
     src_options.format = src_format_;
     src_options.read_only = true;
     src_options.force_share = force_share_;
+    src_options.cache = src_cache.mode;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> src, block::Open(src_file_, src_options));
     TD_RETURN_IF_ERROR(RefuseSameFile());
     if (compress_ && dst_format_ != "qcow2") {
       return Status::InvalidArgument("compression (-c) needs -O qcow2");
     }
     if (bitmaps_) TD_RETURN_IF_ERROR(CheckSourceBitmaps(*src));
+    if (no_create_) {
+      TD_RETURN_IF_ERROR(Copy(*src, target_is_zero_ ? Target::kZero : Target::kExisting));
+      (void)src->Close();
+      return Outcome::kSuccess;
+    }
 
     CreatePlan plan;
     plan.format = dst_format_;
@@ -406,7 +164,7 @@ class ConvertCommand final : public Subcommand {
     TD_RETURN_IF_ERROR(dst_export ? CreateOnExport(dst_file_, plan, src.get())
                                    : CreateImageFile(dst_file_, plan));
 
-    Status s = Copy(*src, !plan.backing_file.empty());
+    Status s = Copy(*src, plan.backing_file.empty() ? Target::kZero : Target::kBacking);
     if (!s.ok()) {
       if (!dst_export) RemoveCreatedImage(dst_file_);
       return s;
@@ -454,15 +212,68 @@ class ConvertCommand final : public Subcommand {
     return Status::Ok();
   }
 
-  Status Copy(block::Device& src, bool target_has_backing) {
+  // -n's checks that need no image: what only a new target can take.
+  Status CheckNoCreateOptions() const {
+    if (target_is_zero_ && !no_create_) {
+      return Status::InvalidArgument("--target-is-zero requires use of -n flag");
+    }
+    if (!no_create_) return Status::Ok();
+    if (!option_strings_.empty()) {
+      return Status::InvalidArgument("-o has no effect when skipping image creation (-n)");
+    }
+    if (!backing_.empty()) {
+      return Status::InvalidArgument("-B names the backing file of a new target; not with -n");
+    }
+    if (bitmaps_) return Status::InvalidArgument("--bitmaps needs a new target; not with -n");
+    return Status::Ok();
+  }
+
+  static Result<CacheChoice> ParseCache(const char* flag, const std::string& text) {
+    if (text.empty()) return CacheChoice{};
+    Result<CacheChoice> c = ParseCacheMode(text);
+    if (c) return c;
+    return Status::InvalidArgument(std::string(flag) + ": invalid cache mode '" + text +
+                                   "' (expected writeback, none, directsync, writethrough or "
+                                   "unsafe)");
+  }
+
+  // -n: the destination as it is, in the format -O names. Without -O an
+  // image in another format than raw is refused rather than overwritten
+  // byte for byte (qemu-img would); it must hold the source's size.
+  Result<std::unique_ptr<block::Device>> OpenExisting(uint64_t source_size,
+                                                      block::OpenOptions options) {
+    if (dst_format_option_->count() == 0 && !nbdclient::IsNbdUri(dst_file_)) {
+      TD_ASSIGN_OR_RETURN(std::string probed, block::ProbeFormat(dst_file_));
+      if (probed != "raw") {
+        return Status::InvalidArgument(dst_file_ + " is a " + probed + " image: give -O " +
+                                       probed + " to write into it, or -O raw to overwrite it "
+                                       "byte for byte");
+      }
+    }
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> dst, block::Open(dst_file_, options));
+    if (dst->size() < source_size) {
+      return Status::InvalidArgument(dst_file_ + ": output file is smaller than input file (" +
+                                     std::to_string(dst->size()) + " < " +
+                                     std::to_string(source_size) + " bytes)");
+    }
+    return dst;
+  }
+
+  Status Copy(block::Device& src, Target target) {
     block::OpenOptions dst_options;
     dst_options.format = dst_format_;
-    TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> dst, block::Open(dst_file_, dst_options));
+    dst_options.cache = dst_cache_choice_.mode;
+    std::unique_ptr<block::Device> dst;
+    if (no_create_) {
+      TD_ASSIGN_OR_RETURN(dst, OpenExisting(src.size(), dst_options));
+    } else {
+      TD_ASSIGN_OR_RETURN(dst, block::Open(dst_file_, dst_options));
+    }
     Progress progress(progress_ && !quiet_);
     BackgroundWriteback writeback(dst_file_);
-    Converter converter(src, *dst, target_has_backing, progress, &writeback);
     progress.Update(0, src.size());
-    TD_RETURN_IF_ERROR(compress_ ? converter.CopyCompressed() : converter.CopyPlain());
+    TD_RETURN_IF_ERROR(compress_ ? CopyCompressed(src, *dst, target, progress, &writeback)
+                                 : CopyPlain(src, *dst, target, progress, &writeback));
     progress.Update(src.size(), src.size());
     progress.Finish();
     Status written_back = writeback.Finish();
@@ -486,6 +297,14 @@ class ConvertCommand final : public Subcommand {
   bool force_share_ = false;
   bool bitmaps_ = false;
   bool skip_broken_bitmaps_ = false;
+  bool no_create_ = false;
+  bool target_is_zero_ = false;
+  std::string dst_cache_;
+  std::string src_cache_;
+  CacheChoice dst_cache_choice_;
+  bool out_of_order_ = false;  // -W, accepted
+  int coroutines_ = 8;         // -m, accepted
+  CLI::Option* dst_format_option_ = nullptr;
   std::vector<qcow2::BitmapInfo> src_bitmaps_;  // --bitmaps: the source's, in order
   std::string src_file_;
   std::string dst_file_;

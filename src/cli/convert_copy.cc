@@ -1,0 +1,311 @@
+// See convert_copy.h.
+#include "cli/convert_copy.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "qcow2/image.h"
+#include "qcow2/measure.h"
+
+namespace thindisk::cli {
+namespace {
+
+// Bytes read from the source per step, and the zero detection grain inside
+// a chunk (a run of zeros this large is not written; qemu-img convert's
+// default -S is 4 KiB). `measure` replays the same grain (qcow2/measure.h).
+constexpr uint64_t kCopyChunk = qcow2::kConvertChunk;
+constexpr uint64_t kSparseGrain = qcow2::kConvertSparseGrain;
+// Plain copies read ahead and write in order (CopyPlain): kCopyReaders
+// threads fetch runs of kCopyRun bytes (block status and data) while this
+// thread writes finished runs in guest order, as qemu-img convert does
+// without -W. So many requests are in flight against a source with latency
+// (an NBD export answers each after a round trip), while the target's host
+// layout still follows guest order: later sequential reads stay sequential
+// and measure's prediction of the file size stays exact.
+constexpr uint64_t kCopyRun = kCopyChunk;
+constexpr size_t kCopyReaders = 8;
+// Compression is CPU-bound: runs of kCompressRun clusters over the
+// machine's CPUs, at most kMaxCompressThreads (ForEachRun).
+constexpr uint64_t kCompressRun = 16;
+constexpr size_t kMaxCompressThreads = 8;
+
+class Converter {
+ public:
+  // `writeback` (optional) is told what each copy step wrote.
+  Converter(block::Device& src, block::Device& dst, Target target, Progress& progress,
+            BackgroundWriteback* writeback)
+      : src_(src),
+        dst_(dst),
+        target_(target),
+        progress_(progress),
+        writeback_(writeback) {}
+
+  Status CopyPlain() {
+    const uint64_t size = src_.size();
+    const uint64_t runs = (size + kCopyRun - 1) / kCopyRun;
+    // Run r is fetched into slots[r % kCopyReaders] once run r - kCopyReaders
+    // has been written.
+    std::vector<FetchedRun> slots(kCopyReaders);
+    std::mutex mu;
+    std::condition_variable cv;
+    uint64_t next_fetch = 0;  // guarded by mu
+    uint64_t written = 0;     // runs written, in order; guarded by mu
+    bool stop = false;        // guarded by mu
+    auto reader = [&] {
+      std::unique_lock<std::mutex> lock(mu);
+      while (!stop && next_fetch < runs) {
+        const uint64_t r = next_fetch++;
+        FetchedRun& slot = slots[r % kCopyReaders];
+        cv.wait(lock, [&] { return stop || r < written + kCopyReaders; });
+        if (stop) return;
+        lock.unlock();
+        const uint64_t begin = r * kCopyRun;
+        Status s = Fetch(begin, std::min(size, begin + kCopyRun), slot);
+        lock.lock();
+        slot.status = s;
+        slot.run = r;
+        slot.ready = true;
+        cv.notify_all();
+      }
+    };
+    std::vector<std::thread> readers;
+    for (size_t i = 0; i < kCopyReaders && i < runs; ++i) readers.emplace_back(reader);
+    Status result;
+    for (uint64_t r = 0; r < runs; ++r) {
+      FetchedRun& slot = slots[r % kCopyReaders];
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return slot.ready && slot.run == r; });
+      }
+      Status s = slot.status.ok() ? WriteFetched(slot) : slot.status;
+      // Read before the slot goes back: a reader refills it at once.
+      const uint64_t data_bytes = slot.data_bytes;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        slot.ready = false;
+        ++written;
+        if (!s.ok()) stop = true;
+      }
+      cv.notify_all();
+      if (!s.ok()) {
+        result = s;
+        break;
+      }
+      progress_.Update(std::min(size, (r + 1) * kCopyRun), size);
+      if (writeback_ != nullptr) writeback_->Wrote(data_bytes);
+    }
+    for (std::thread& t : readers) t.join();
+    return result;
+  }
+
+  // Compressed clusters land in the file in roughly guest order (runs are
+  // handed out in order); WriteCompressed is safe for concurrent use on
+  // different clusters.
+  Status CopyCompressed() {
+    auto* image = dynamic_cast<qcow2::Image*>(&dst_);
+    if (image == nullptr) return Status::InvalidArgument("compression (-c) needs a qcow2 target");
+    const uint64_t cluster = image->header().cluster_size();
+    const size_t threads =
+        std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMaxCompressThreads);
+    return ForEachRun(cluster * kCompressRun, threads, cluster,
+                      [&](uint64_t begin, uint64_t end, std::vector<uint8_t>& buf) {
+                        return CompressRange(*image, begin, end, cluster, buf);
+                      });
+  }
+
+ private:
+  using RunFn = std::function<Status(uint64_t begin, uint64_t end, std::vector<uint8_t>& buf)>;
+
+  // Cuts the source into runs of `run_bytes`; `threads` threads (this one
+  // included, which also draws the progress) take runs in order from a
+  // shared counter and call `fn` on each with a buffer of `buf_bytes`. The
+  // first error stops every thread after its current run and is returned.
+  Status ForEachRun(uint64_t run_bytes, size_t threads, size_t buf_bytes, const RunFn& fn) {
+    const uint64_t size = src_.size();
+    const uint64_t runs = (size + run_bytes - 1) / run_bytes;
+    std::atomic<uint64_t> next_run{0};
+    std::atomic<uint64_t> done_bytes{0};
+    std::atomic<bool> failed{false};
+    std::mutex error_mu;
+    Status first_error;
+    uint64_t reported = 0;  // source bytes told to the write-back (this thread's)
+    auto work = [&](bool report) {
+      std::vector<uint8_t> buf(buf_bytes);
+      for (uint64_t r; !failed.load() && (r = next_run.fetch_add(1)) < runs;) {
+        const uint64_t begin = r * run_bytes;
+        const uint64_t end = std::min(size, begin + run_bytes);
+        Status s = fn(begin, end, buf);
+        if (!s.ok()) {
+          std::lock_guard<std::mutex> lock(error_mu);
+          if (first_error.ok()) first_error = s;
+          failed = true;
+        }
+        done_bytes += end - begin;
+        if (report) Report(done_bytes.load(), size, reported);
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (size_t i = 1; i < threads && i < runs; ++i) helpers.emplace_back(work, false);
+    work(true);
+    for (std::thread& t : helpers) t.join();
+    return first_error;
+  }
+
+  // Draws the progress and tells the write-back how many source bytes were
+  // done since the last call, standing in for the bytes written: compressed
+  // output is smaller (and skipped holes write nothing), so its syncs come
+  // more often than every 4 MiB of file.
+  void Report(uint64_t done, uint64_t size, uint64_t& reported) {
+    progress_.Update(done, size);
+    if (writeback_ != nullptr) writeback_->Wrote(done - reported);
+    reported = done;
+  }
+
+  // One run of the source as CopyPlain's readers fetch it: its extents in
+  // order, the data ones read into `data` (at their offset in the run).
+  struct Piece {
+    enum class Kind { kSkip, kZero, kData };
+    uint64_t offset = 0, length = 0;
+    Kind kind = Kind::kSkip;
+  };
+  struct FetchedRun {
+    uint64_t begin = 0;
+    std::vector<uint8_t> data;
+    std::vector<Piece> pieces;
+    uint64_t data_bytes = 0;  // in kData pieces
+    Status status;
+    uint64_t run = 0;    // guarded by CopyPlain's mutex, with ready
+    bool ready = false;  // fetched and not yet written
+  };
+
+  // Reads [begin, end) into `run`: skippable extents are not read (the
+  // target reads the same), zero ones are written as zeroes (over a backing
+  // file or into an existing target), data is read whole.
+  Status Fetch(uint64_t begin, uint64_t end, FetchedRun& run) {
+    run.begin = begin;
+    run.pieces.clear();
+    run.data_bytes = 0;
+    run.data.resize(end - begin);
+    for (uint64_t offset = begin; offset < end;) {
+      TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, end - offset));
+      if (e.length == 0) return Status::Internal("block status returned an empty extent");
+      const uint64_t n = std::min(e.length, end - offset);
+      Piece p{offset, n, Piece::Kind::kData};
+      if (SkipExtent(e)) {
+        p.kind = Piece::Kind::kSkip;
+      } else if (e.zero) {
+        p.kind = Piece::Kind::kZero;  // hides the target's backing file or old data
+      } else {
+        TD_RETURN_IF_ERROR(src_.Read(offset, std::span(run.data).subspan(offset - begin, n)));
+        run.data_bytes += n;
+      }
+      run.pieces.push_back(p);
+      offset += n;
+    }
+    return Status::Ok();
+  }
+
+  Status WriteFetched(const FetchedRun& run) {
+    for (const Piece& p : run.pieces) {
+      if (p.kind == Piece::Kind::kZero) {
+        TD_RETURN_IF_ERROR(dst_.WriteZeroes(p.offset, p.length));
+      } else if (p.kind == Piece::Kind::kData) {
+        TD_RETURN_IF_ERROR(WriteNonZeroRuns(
+            p.offset, std::span<const uint8_t>(run.data).subspan(p.offset - run.begin, p.length)));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // Compresses the clusters of [offset, end) (cluster-aligned `offset`).
+  Status CompressRange(qcow2::Image& image, uint64_t offset, uint64_t end, uint64_t cluster,
+                       std::vector<uint8_t>& buf) {
+    while (offset < end) {
+      uint64_t n = std::min(cluster, end - offset);
+      TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, end - offset));
+      const bool skip = SkipExtent(e);
+      if (e.length >= n && (skip || e.zero)) {
+        // Every whole cluster the extent covers at once: skipped, or zeroed
+        // where the target would not read zeros.
+        uint64_t stop = offset + e.length;
+        uint64_t next = std::max(stop >= end ? end : stop - stop % cluster, offset + n);
+        if (!skip) TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset, next - offset));
+        offset = next;
+        continue;
+      }
+      std::span<uint8_t> data(buf.data(), n);
+      TD_RETURN_IF_ERROR(src_.Read(offset, data));
+      if (IsAllZero(data.data(), n)) {
+        if (target_ != Target::kZero) TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset, n));
+      } else {
+        TD_RETURN_IF_ERROR(image.WriteCompressed(offset, data));
+      }
+      offset += n;
+    }
+    return Status::Ok();
+  }
+
+  // Whether the extent needs no write at all. A target that reads as zeros
+  // needs no zero extents. Over a backing file (-B), what the source's own
+  // top layer does not hold comes from the backing file the target will
+  // share, as qemu-img convert -B assumes. An existing target (-n) needs
+  // every extent, zeros included.
+  bool SkipExtent(const block::Extent& e) const {
+    switch (target_) {
+      case Target::kZero:
+        return e.zero;
+      case Target::kBacking:
+        return e.depth > 0 || !e.present;
+      case Target::kExisting:
+        return false;
+    }
+    return false;
+  }
+
+  // Writes the parts of `data` that are not all zero, in maximal runs.
+  Status WriteNonZeroRuns(uint64_t offset, std::span<const uint8_t> data) {
+    size_t run_start = 0;
+    bool in_run = false;
+    for (size_t pos = 0; pos < data.size(); pos += kSparseGrain) {
+      size_t len = std::min<size_t>(kSparseGrain, data.size() - pos);
+      bool zero = IsAllZero(data.data() + pos, len);
+      if (!zero && !in_run) {
+        run_start = pos;
+        in_run = true;
+      } else if (zero && in_run) {
+        TD_RETURN_IF_ERROR(dst_.Write(offset + run_start, data.subspan(run_start, pos - run_start)));
+        in_run = false;
+      }
+      if (zero && target_ != Target::kZero) {
+        TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset + pos, len));
+      }
+    }
+    if (in_run) TD_RETURN_IF_ERROR(dst_.Write(offset + run_start, data.subspan(run_start)));
+    return Status::Ok();
+  }
+
+  block::Device& src_;
+  block::Device& dst_;
+  Target target_;
+  Progress& progress_;
+  BackgroundWriteback* writeback_;
+};
+
+}  // namespace
+
+Status CopyPlain(block::Device& src, block::Device& dst, Target target, Progress& progress,
+                 BackgroundWriteback* writeback) {
+  return Converter(src, dst, target, progress, writeback).CopyPlain();
+}
+
+Status CopyCompressed(block::Device& src, block::Device& dst, Target target, Progress& progress,
+                      BackgroundWriteback* writeback) {
+  return Converter(src, dst, target, progress, writeback).CopyCompressed();
+}
+
+}  // namespace thindisk::cli
