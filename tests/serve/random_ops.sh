@@ -37,7 +37,7 @@ source "$(dirname "$0")/lib.sh"
 require_tool qemu-io qemu-img nbdcopy
 
 random_seed
-RANDOM=$((SEED % 32768))
+RANDOM=$((SEED & 0x7fffffff))
 OPS=${THINDISK_RANDOM_OPS:-150}
 
 # rnd N: R is a random number in [0, N), from bash's seeded generator (30
