@@ -15,7 +15,8 @@
 #   5. -t none / directsync / unsafe and -T none, -W and -m 16: the same bytes.
 #   6. Refusals, each one line, the destination unchanged: too small, a
 #      qcow2 destination without -O, -o / -B / --bitmaps with -n,
-#      --target-is-zero without -n, a bad cache mode, -m 17, no destination.
+#      --target-is-zero without -n, a bad cache mode, -m 17, a destination
+#      qemu-nbd is serving (its write lock), no destination.
 source "$(dirname "$0")/lib.sh"
 require_tool "$QEMU_IMG" "$QEMU_IO" qemu-nbd sha256sum
 require_thindisk
@@ -108,6 +109,9 @@ refused busy.raw "requires use of -n" --target-is-zero src.qcow2 busy.raw
 refused busy.raw "invalid cache mode 'fast'" -n -t fast src.qcow2 busy.raw
 refused busy.raw "invalid cache mode 'x'" -n -T x src.qcow2 busy.raw
 refused busy.raw "not in range 1 to 16" -n -m 17 src.qcow2 busy.raw
+qemu_nbd_unix busy "$PWD/busy.sock" -t -f qcow2 existing.qcow2 # a writer holds its lock
+refused existing.qcow2 "in use by another process" -n -O qcow2 src.qcow2 existing.qcow2
+kill_server "$SERVER_PID"
 td_fails "missing.raw: No such file" "convert -n into nothing" convert -n src.qcow2 missing.raw
 assert_absent missing.raw "convert -n into nothing"
 log "convert_existing: ok"
