@@ -20,6 +20,12 @@ log "--read-only, -q, --pid-file"
 serve_unix ro ro.sock --read-only -q --pid-file "$TMP/ro.pid" disk.qcow2
 pid=$SERVER_PID
 [[ -s ro.out ]] && fail "-q printed: $(cat ro.out)"
+# The pid file is written once the server listens, as its socket appears:
+# either may come first (as with qemu-nbd), so it gets 10 s.
+for ((i = 0; i < 200; i++)); do
+  [[ -s ro.pid ]] && break
+  sleep 0.05
+done
 expect_eq "pid file" "$(cat ro.pid)" "$pid"
 expect_eq "read-only flag" "$(nbdinfo --json "$(uri ro.sock)" | jq '.exports[0].is_read_only')" true
 if qemu-io -f raw "$(uri ro.sock)" -c 'write 0 4k' 2>&1 | grep -q "^wrote"; then
