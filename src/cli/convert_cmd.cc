@@ -118,8 +118,8 @@ class ConvertCommand final : public Subcommand {
       return Status::InvalidArgument("Use of --skip-broken-bitmaps requires --bitmaps");
     }
     TD_RETURN_IF_ERROR(CheckNoCreateOptions());
-    TD_ASSIGN_OR_RETURN(CacheChoice src_cache, ParseCache("-T", src_cache_));
-    TD_ASSIGN_OR_RETURN(dst_cache_choice_, ParseCache("-t", dst_cache_));
+    TD_ASSIGN_OR_RETURN(CacheChoice src_cache, ParseCacheMode(src_cache_, "-T"));
+    TD_ASSIGN_OR_RETURN(dst_cache_choice_, ParseCacheMode(dst_cache_, "-t"));
     block::OpenOptions src_options;
     src_options.format = src_format_;
     src_options.read_only = true;
@@ -228,15 +228,6 @@ class ConvertCommand final : public Subcommand {
     return Status::Ok();
   }
 
-  static Result<CacheChoice> ParseCache(const char* flag, const std::string& text) {
-    if (text.empty()) return CacheChoice{};
-    Result<CacheChoice> c = ParseCacheMode(text);
-    if (c) return c;
-    return Status::InvalidArgument(std::string(flag) + ": invalid cache mode '" + text +
-                                   "' (expected writeback, none, directsync, writethrough or "
-                                   "unsafe)");
-  }
-
   // -n: the destination as it is, in the format -O names. Without -O an
   // image in another format than raw is refused rather than overwritten
   // byte for byte (qemu-img would); it must hold the source's size.
@@ -299,8 +290,8 @@ class ConvertCommand final : public Subcommand {
   bool skip_broken_bitmaps_ = false;
   bool no_create_ = false;
   bool target_is_zero_ = false;
-  std::string dst_cache_;
-  std::string src_cache_;
+  std::string dst_cache_ = "writeback";
+  std::string src_cache_ = "writeback";
   CacheChoice dst_cache_choice_;
   bool out_of_order_ = false;  // -W, accepted
   int coroutines_ = 8;         // -m, accepted

@@ -60,13 +60,13 @@ Status ApplyImageOpt(ImageOpts& o, const std::string& key, const std::string& va
 
 }  // namespace
 
-Result<CacheChoice> ParseCacheMode(std::string_view text) {
+Result<CacheChoice> ParseCacheMode(std::string_view text, std::string_view option) {
   if (text == "writeback") return CacheChoice{io::CacheMode::kWriteback, false};
   if (text == "none") return CacheChoice{io::CacheMode::kNone, false};
   if (text == "writethrough") return CacheChoice{io::CacheMode::kWriteback, true};
   if (text == "directsync") return CacheChoice{io::CacheMode::kNone, true};
   if (text == "unsafe") return CacheChoice{io::CacheMode::kUnsafe, false};
-  return BadValue("--cache", text, "none, writeback, writethrough, directsync or unsafe");
+  return BadValue(option, text, "none, writeback, writethrough, directsync or unsafe");
 }
 
 Result<AioChoice> ParseAioMode(std::string_view text) {

@@ -19,14 +19,15 @@
 
 namespace thindisk::cli {
 
-// --cache=none|writeback|writethrough|directsync|unsafe. write_through:
-// every write is durable before its reply (writethrough = writeback + that;
-// directsync = none (O_DIRECT) + that).
+// --cache=none|writeback|writethrough|directsync|unsafe (qemu's cache modes;
+// `option` names the flag in the error: convert's -t and -T take them too).
+// write_through: every write is durable before its reply (writethrough =
+// writeback + that; directsync = none (O_DIRECT) + that).
 struct CacheChoice {
   io::CacheMode mode = io::CacheMode::kWriteback;
   bool write_through = false;
 };
-Result<CacheChoice> ParseCacheMode(std::string_view text);
+Result<CacheChoice> ParseCacheMode(std::string_view text, std::string_view option = "--cache");
 
 // --aio=threads|native|io_uring, parsed for qemu-nbd command lines. Every
 // mode runs on threads, our fastest path: the worker pool over buffered or

@@ -106,8 +106,8 @@ refused busy.raw "-o has no effect" -n -o cluster_size=4096 src.qcow2 busy.raw
 refused busy.raw "-B names the backing file" -n -B base.qcow2 -O qcow2 src.qcow2 busy.raw
 refused existing.qcow2 "--bitmaps needs a new target" -n --bitmaps -O qcow2 src.qcow2 existing.qcow2
 refused busy.raw "requires use of -n" --target-is-zero src.qcow2 busy.raw
-refused busy.raw "invalid cache mode 'fast'" -n -t fast src.qcow2 busy.raw
-refused busy.raw "invalid cache mode 'x'" -n -T x src.qcow2 busy.raw
+refused busy.raw "invalid -t 'fast' \(expected none, writeback" -n -t fast src.qcow2 busy.raw
+refused busy.raw "invalid -T 'x' \(expected none, writeback" -n -T x src.qcow2 busy.raw
 refused busy.raw "not in range 1 to 16" -n -m 17 src.qcow2 busy.raw
 qemu_nbd_unix busy "$PWD/busy.sock" -t -f qcow2 existing.qcow2 # a writer holds its lock
 refused existing.qcow2 "in use by another process" -n -O qcow2 src.qcow2 existing.qcow2
