@@ -45,45 +45,36 @@ OPS=${THINDISK_RANDOM_OPS:-150}
 # there, and the run would no longer follow THINDISK_SEED.
 rnd() { R=$((((RANDOM << 15) | RANDOM) % $1)); }
 
+# range UNIT MAX LIMIT: OFF and LEN, multiples of UNIT, for a request of 1 to
+# MAX units that starts in [0, LIMIT) and ends at LIMIT at the latest.
+range() {
+  rnd $(($3 / $1))
+  OFF=$((R * $1))
+  rnd "$2"
+  LEN=$(((1 + R) * $1))
+  ((OFF + LEN <= $3)) || LEN=$(($3 - OFF))
+}
+
 # gen_ops C S N: N qemu-io commands for an image of cluster size C and size S.
 gen_ops() {
-  local c=$1 s=$2 n=$3 i kind off len pattern
+  local c=$1 s=$2 n=$3 i kind pattern
   for ((i = 0; i < n; i++)); do
     rnd 20
     kind=$R
     if ((kind < 10)); then # a write, byte- or sector-granular
       rnd 2
-      if ((R)); then
-        rnd "$s"
-        off=$R
-        rnd $((3 * c))
-        len=$((1 + R))
-      else
-        rnd $((s / 512))
-        off=$((R * 512))
-        rnd $((6 * c / 512 + 1))
-        len=$(((1 + R) * 512))
-      fi
-      ((off + len <= s)) || len=$((s - off))
+      if ((R)); then range 1 $((3 * c)) "$s"; else range 512 $((6 * c / 512 + 1)) "$s"; fi
       rnd 8
       pattern=0
       ((R == 0)) || { rnd 255 && pattern=$((1 + R)); }
-      echo "write -q -P $pattern $off $len"
+      echo "write -q -P $pattern $OFF $LEN"
     elif ((kind < 15)); then # write-zeroes, sector-granular, maybe unmapping
-      rnd $((s / 512))
-      off=$((R * 512))
-      rnd $((6 * c / 512 + 1))
-      len=$(((1 + R) * 512))
-      ((off + len <= s)) || len=$((s - off))
+      range 512 $((6 * c / 512 + 1)) "$s"
       rnd 2
-      if ((R)); then echo "write -q -z -u $off $len"; else echo "write -q -z $off $len"; fi
+      if ((R)); then echo "write -q -z -u $OFF $LEN"; else echo "write -q -z $OFF $LEN"; fi
     elif ((kind < 19)); then # a discard of whole clusters
-      rnd $((s / c))
-      off=$((R * c))
-      rnd 4
-      len=$(((1 + R) * c))
-      ((off + len <= s / c * c)) || len=$((s / c * c - off))
-      ((len > 0)) && echo "discard -q $off $len"
+      range "$c" 4 $((s / c * c))
+      ((LEN > 0)) && echo "discard -q $OFF $LEN"
     else
       echo "flush"
     fi
