@@ -29,12 +29,17 @@
 # With RANDOM_OPS_POOL=POOL (tests/ceph/random_ops.sh) thindisk's image lives
 # in that RADOS pool instead (rados://, objects of 64 KiB or one cluster),
 # its backing file still a local one; qemu-img reads a copy that thindisk
-# convert makes of it.
+# convert makes of it. It needs the test cluster (CEPH_CONF), or skips.
 #
 # THINDISK_SEED=N reproduces a run; THINDISK_RANDOM_OPS=N sets the operations
 # per batch (default 150).
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-io qemu-img nbdcopy
+if [[ -n ${RANDOM_OPS_POOL:-} ]]; then
+  [[ ,${THINDISK_TEST_DENY:-}, != *,ceph,* ]] || skip_or_fail "ceph denied by THINDISK_TEST_DENY"
+  [[ -n ${CEPH_CONF:-} && -r ${CEPH_CONF:-} ]] ||
+    skip_or_fail "no test cluster: CEPH_CONF='${CEPH_CONF:-}' (ctest -R rados starts one)"
+fi
 
 random_seed
 RANDOM=$((SEED & 0x7fffffff))
@@ -149,7 +154,7 @@ convert_check() {
 # over) or nbd: a plain one that qemu's image names as a file and thindisk's
 # as qemu-nbd's read-only export of it (thindisk's NBD client reads it).
 run_case() {
-  local name=$1 opts=$2 size=$3 base=$4 c b sock base_sum base_pid="" td td_opts
+  local name=$1 opts=$2 size=$3 base=$4 c b sock base_sum base_pid="" td td_opts compress
   shift 4
   c=$(sed -n 's/.*cluster_size=\([0-9]*\).*/\1/p' <<<"$opts")
   td=td.qcow2
@@ -160,20 +165,17 @@ run_case() {
   fi
   log "$name: $td_opts, size $size, base $base, serve $*"
   rm -f ./*.qcow2 ./*.raw model.s1 served.raw
+  truncate -s "$size" model.raw
   if [[ $base == none ]]; then
-    truncate -s "$size" model.raw
     "$TD" create -f qcow2 -o "$td_opts" "$td" "$size" >/dev/null
     qemu-img create -q -f qcow2 -o "$opts" qemu.qcow2 "$size"
   else
-    truncate -s "$size" model.raw
     gen_ops "$c" "$size" 40 >base_ops.all
     grep -v discard base_ops.all >base_ops
     apply base raw model.raw base_ops
-    if [[ $base == compressed ]]; then
-      qemu-img convert -q -c -f raw -O qcow2 -o "$opts" model.raw base.qcow2
-    else
-      qemu-img convert -q -f raw -O qcow2 -o "$opts" model.raw base.qcow2
-    fi
+    compress=()
+    [[ $base == compressed ]] && compress=(-c)
+    qemu-img convert -q "${compress[@]}" -f raw -O qcow2 -o "$opts" model.raw base.qcow2
     base_sum=$(sha256sum <base.qcow2)
     if [[ $base == nbd ]]; then
       qemu_nbd_unix base "$PWD/base.sock" -t -r -f qcow2 base.qcow2
