@@ -142,6 +142,12 @@ keyring = /dev/null
 # RBD's) after this many seconds; then the next writer fences it. 30 s by
 # default; short here so the lock tests wait seconds, not half minutes.
 osd client watch timeout = 5
+# Clients ping their watches once a tick (5 s by default): as long as the
+# timeout above, so a watch lapsed every few seconds and a writer held back
+# its write-back (io/rados_lock.h Confirmed: the OSD must have confirmed the
+# watch within half the timeout). A tick of 1 s keeps it confirmed, as the
+# defaults (5 s pings, 30 s timeout) do on a real cluster.
+objecter tick interval = 1
 
 [client]
 # Clients are many short processes: no admin socket (one name for all

@@ -174,6 +174,11 @@ Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
     TD_RETURN_IF_ERROR(
         storage->WriteHeaderLocked(storage->RoundUpToObject(header->size)));
   }
+  if (!options.read_only && options.cache != CacheMode::kNone) {
+    RadosStorage* raw = storage.get();
+    storage->write_back_ = std::make_unique<WriteBack>(
+        [raw](const WriteBack::Extents& extents) { return raw->WriteHeld(extents); });
+  }
   return std::unique_ptr<Storage>(std::move(storage));
 }
 

@@ -255,6 +255,16 @@ Result<std::unique_ptr<RadosLock>> RadosLock::Acquire(
   return lock;
 }
 
+bool RadosLock::Confirmed() {
+  // mu_ is held across the check: the handle is librados' pointer to the
+  // watch, and RewatchLoop unregisters a handle only after clearing it here.
+  std::lock_guard<std::mutex> guard(mu_);
+  if (watch_failed_ || handle_ == 0) return false;
+  // Milliseconds since the OSD last confirmed the watch, or an error.
+  const int age_ms = io_.watch_check(handle_);
+  return age_ms >= 0 && uint64_t(age_ms) < uint64_t(watch_timeout_) * 1000 / 2;
+}
+
 void RadosLock::RewatchLoop() {
   std::unique_lock<std::mutex> guard(mu_);
   while (true) {

@@ -82,6 +82,17 @@ class RadosLock {
 
   const std::string& cookie() const { return cookie_; }
 
+  // Whether the OSD confirmed this holder's watch within the last half
+  // watch timeout. While it did, no other client can have found the holder
+  // gone and fenced it (that takes the watch missing for a whole timeout),
+  // so a write acknowledged now from memory (io/write_back.h) is still this
+  // holder's to store; only `lock break --force` or a takeover can end the
+  // lock sooner. False while the watch is failed or being registered
+  // again. librados pings a watch every objecter_tick_interval (5 s), so
+  // with the 30 s default timeout the answer is true whenever the cluster
+  // answers.
+  bool Confirmed();
+
  private:
   class Watcher;
 

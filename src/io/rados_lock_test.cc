@@ -53,9 +53,10 @@ TEST_F(RadosLockTest, SecondWriterIsRefusedNamingTheHolder) {
   EXPECT_NE(m.find(uri_ + ": in use by client."), std::string::npos) << m;
   EXPECT_NE(m.find("pid " + std::to_string(getpid()) + " on host "), std::string::npos)
       << m;
-  // A reader is never refused, and sees what the writer wrote.
+  // A reader is never refused, and sees what the writer flushed.
   const std::vector<uint8_t> data = Pattern(1, 4096);
   ASSERT_TRUE((*a)->WriteAt(0, data).ok());
+  ASSERT_TRUE((*a)->Flush().ok());
   auto reader = Open("b", /*read_only=*/true);
   ASSERT_TRUE(reader) << reader.status().ToString();
   std::vector<uint8_t> got(4096);

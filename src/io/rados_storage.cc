@@ -73,6 +73,7 @@ RadosStorage::RadosStorage(std::shared_ptr<RadosCluster> cluster, librados::IoCt
 
 RadosStorage::~RadosStorage() {
   if (read_only_) return;
+  (void)DrainHeld();
   // A clean close: the size made durable and the data limit lowered to it
   // (nothing exists past it within a session), so the next open has
   // nothing to recover. Errors cannot be reported here; a caller who needs
@@ -140,8 +141,12 @@ Status RadosStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
       offset >= size ? 0 : std::min<uint64_t>(buf.size(), size - offset);
   std::memset(buf.data() + readable, 0, buf.size() - readable);
   if (readable == 0) return Status::Ok();
+  // Held bytes are copied before the objects are read: a batch storing
+  // them meanwhile changes nothing (io/write_back.h).
+  WriteBack::Held held;
+  if (write_back_) held = write_back_->Collect(offset, readable);
   const Pieces pieces(offset, readable, object_order_);
-  return RunAio(
+  TD_RETURN_IF_ERROR(RunAio(
       pieces.count(), kMaxInFlight,
       [&](uint64_t i, AioSlot& s) {
         const Piece p = pieces[i];
@@ -161,7 +166,9 @@ Status RadosStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
         }
         std::memset(dst + got, 0, p.length - got);  // past a short object's end
         return Status::Ok();
-      });
+      }));
+  WriteBack::Apply(held, offset, buf.first(readable));
+  return Status::Ok();
 }
 
 Status RadosStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
@@ -171,6 +178,14 @@ Status RadosStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
     return Status::OutOfRange(uri_ + ": write past 2^62 bytes");
   }
   TD_RETURN_IF_ERROR(ExtendTo(offset + buf.size()));
+  if (write_back_) {
+    if (buf.size() < kMaxHeldWrite && lock_ && lock_->Confirmed()) {
+      TD_RETURN_IF_ERROR(write_back_->Add(offset, buf));
+      bytes_written_ += buf.size();
+      return Status::Ok();
+    }
+    write_back_->Forget(offset, buf.size());  // nothing older may land over it
+  }
   const Pieces pieces(offset, buf.size(), object_order_);
   Status st = RunAio(
       pieces.count(), kMaxInFlight,
@@ -188,10 +203,48 @@ Status RadosStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
   return st;
 }
 
+Status RadosStorage::WriteHeld(const WriteBack::Extents& extents) {
+  // Runs grouped by object (the map is in offset order, so each object's
+  // runs come together); runs that touch become one write of the operation.
+  struct Run {
+    uint64_t in_object;
+    librados::bufferlist bl;
+  };
+  struct ObjectRuns {
+    uint64_t index;
+    std::vector<Run> runs;
+  };
+  std::vector<ObjectRuns> objects;
+  for (const auto& [offset, bytes] : extents) {
+    const Pieces pieces(offset, bytes.size(), object_order_);
+    for (uint64_t i = 0; i < pieces.count(); ++i) {
+      const Piece p = pieces[i];
+      if (objects.empty() || objects.back().index != p.index) objects.push_back({p.index, {}});
+      std::vector<Run>& runs = objects.back().runs;
+      if (runs.empty() || runs.back().in_object + runs.back().bl.length() != p.in_object) {
+        runs.push_back({p.in_object, {}});
+      }
+      PointAt(runs.back().bl, bytes.data() + p.in_request, p.length);
+    }
+  }
+  return RunAio(
+      objects.size(), kMaxInFlight,
+      [&](uint64_t i, AioSlot& s) {
+        s.op.emplace();
+        for (const Run& run : objects[i].runs) s.op->write(run.in_object, run.bl);
+        return io_.aio_operate(ObjectName(objects[i].index), s.completion, &*s.op);
+      },
+      [&](uint64_t i, AioSlot&, int ret) {
+        return ret < 0 ? Error(ret, "write " + ObjectName(objects[i].index)) : Status::Ok();
+      });
+}
+
 Status RadosStorage::Flush() {
   if (read_only_) return Status::Ok();
-  // Data: every write that returned was committed by the OSDs (see the
-  // header). What remains is the size, when a write or zero grew it.
+  // Data: the held writes go first; every write that returned before them
+  // was committed by the OSDs (see the header). What remains is the size,
+  // when a write or zero grew it.
+  TD_RETURN_IF_ERROR(DrainHeld());
   std::lock_guard<std::mutex> lock(header_mu_);
   if (size_.load() == durable_size_) return Status::Ok();
   return WriteHeaderLocked(data_limit_.load());
@@ -204,6 +257,7 @@ Status RadosStorage::Resize(uint64_t size) {
   std::lock_guard<std::mutex> lock(header_mu_);
   const uint64_t old = size_.load();
   if (size < old) {
+    if (write_back_) write_back_->Forget(size, RadosHeader::kMaxSize);
     // Shrink: clear past the new end first, then record it: a crash in
     // between leaves the old size over zeros, never a size over stale data.
     TD_RETURN_IF_ERROR(ClearFromLocked(size));
@@ -295,6 +349,7 @@ Status RadosStorage::PunchHole(uint64_t offset, uint64_t length) {
   if (offset > RadosHeader::kMaxSize || length > RadosHeader::kMaxSize - offset) {
     return Status::OutOfRange(uri_ + ": punch past 2^62 bytes");
   }
+  if (write_back_) write_back_->Forget(offset, length);
   return ClearRange(offset, length);  // never changes the size
 }
 
@@ -309,12 +364,14 @@ Status RadosStorage::ZeroRange(uint64_t offset, uint64_t length) {
   uint64_t cur = size_.load();
   while (cur < offset + length && !size_.compare_exchange_weak(cur, offset + length)) {
   }
+  if (write_back_) write_back_->Forget(offset, length);
   TD_RETURN_IF_ERROR(ClearRange(offset, length));
   bytes_written_ += length;
   return Status::Ok();
 }
 
 Result<uint64_t> RadosStorage::NextData(uint64_t offset) {
+  TD_RETURN_IF_ERROR(DrainHeld());
   const uint64_t size = size_.load();
   const uint64_t limit = std::min(data_limit_.load(), RoundUpToObject(size));
   if (offset >= size || offset >= limit) return size;  // nothing exists past the limit
@@ -333,6 +390,7 @@ Result<uint64_t> RadosStorage::NextData(uint64_t offset) {
 }
 
 Result<uint64_t> RadosStorage::NextHole(uint64_t offset) {
+  TD_RETURN_IF_ERROR(DrainHeld());
   const uint64_t size = size_.load();
   const uint64_t limit = std::min(data_limit_.load(), RoundUpToObject(size));
   if (offset >= size) return size;
@@ -352,6 +410,7 @@ Result<uint64_t> RadosStorage::NextHole(uint64_t offset) {
 }
 
 Result<uint64_t> RadosStorage::AllocatedBytes() {
+  TD_RETURN_IF_ERROR(DrainHeld());
   const uint64_t objects = data_limit_.load() >> object_order_;
   if (objects > kMaxStatObjects) return uint64_t(0);  // unknown: too many to visit
   std::vector<int64_t> sizes;

@@ -16,10 +16,26 @@
 // Each call is independent, so concurrent callers overlap freely; RADOS
 // orders operations per object and client, nothing across objects.
 //
+// Write-back (io/write_back.h). The OSD's cost is per operation, not per
+// byte, so writes under kMaxHeldWrite are held in memory and written back
+// in batches: one compound operation per object carries every run held
+// for it (4 KiB writes scattered over an object: one operation, not one
+// each). A batch starts once 4 MiB are held or the oldest held byte is 1 s
+// old; writers wait while 16 MiB are held. Reads see held bytes. Flush
+// writes everything held back first, so the io::Storage contract holds:
+// a write that completed before Flush is stored when Flush returns. A write
+// is held only while the lock's watch is Confirmed (io/rados_lock.h): a
+// holder that was paused long enough to be fenced writes through, and its
+// writes fail at once. Larger writes, and every write of an open with
+// cache mode none (serve --cache=none, as qemu's rbd driver then turns
+// librbd's cache off), go to the OSDs directly, after held bytes they
+// cover are dropped. A batch that fails makes every later write and Flush
+// fail (the lost writes are never reported stored).
+//
 // Durability. A librados write completes when the OSDs have committed it
 // (Ceph acks a write only once it is in every acting replica's store;
-// there is no separate "in memory" ack since Luminous), and WriteAt returns
-// only after its completions. So data needs nothing more at Flush. The byte
+// there is no separate "in memory" ack since Luminous). So once the held
+// bytes are written back, data needs nothing more at Flush. The byte
 // size is the one thing kept in memory: WriteAt past the end raises it at
 // once for readers, and Flush writes it into the header object (one write,
 // only when it changed). Persisting it on every extending write would add a
@@ -73,6 +89,7 @@
 #include "io/rados_lock.h"
 #include "io/rados_name.h"
 #include "io/storage.h"
+#include "io/write_back.h"
 
 namespace thindisk::io {
 
@@ -94,8 +111,8 @@ Status CreateRadosFormatted(const std::string& name, uint64_t object_size,
 
 // Opens an existing image. options.read_only refuses writes; options.create
 // creates a missing image (size 0, 4 MiB objects) and with exclusive fails
-// if it exists. options.cache is ignored (every write is committed when it
-// returns). options.lock is ignored: a read-write open always takes the
+// if it exists. options.cache kNone turns the write-back off (above); the
+// other modes keep it. options.lock is ignored: a read-write open always takes the
 // image's lock, a read-only one never (see above); kBusy when another
 // writer holds it.
 Result<std::unique_ptr<Storage>> OpenRados(const std::string& name,
@@ -122,6 +139,7 @@ class RadosStorage final : public Storage {
   static constexpr uint64_t kLimitStepObjects = 64;  // data_limit grows in these steps
   static constexpr uint64_t kMaxStatObjects = 4096;  // NextData/Hole, AllocatedBytes
   static constexpr uint64_t kMaxIndexRemove = 4096;  // RemoveRados by index, else list
+  static constexpr uint64_t kMaxHeldWrite = uint64_t(1) << 20;  // larger: written through
 
   ~RadosStorage() override;
   RadosStorage(const RadosStorage&) = delete;
@@ -167,6 +185,10 @@ class RadosStorage final : public Storage {
   Status RemoveObjects(uint64_t first, uint64_t last);
   // Sizes of objects [first, first + count), -1 for missing ones.
   Status StatObjects(uint64_t first, uint64_t count, std::vector<int64_t>& sizes);
+  // Writes a batch of held runs: one compound operation per object.
+  Status WriteHeld(const WriteBack::Extents& extents);
+  // Writes everything held back (before asking the OSDs where data is).
+  Status DrainHeld() { return write_back_ ? write_back_->Drain() : Status::Ok(); }
   // Raises the in-memory size to at least `end`, and the durable data limit
   // over it when needed (before the caller's data write is sent).
   Status ExtendTo(uint64_t end);
@@ -195,6 +217,9 @@ class RadosStorage final : public Storage {
   // Resize, raising data_limit).
   std::mutex header_mu_;
   uint64_t durable_size_;  // the size in the header object; guarded by header_mu_
+  // Held writes (read-write opens unless cache mode none). Last: its thread
+  // writes through io_, so it goes first.
+  std::unique_ptr<WriteBack> write_back_;
 };
 
 }  // namespace thindisk::io

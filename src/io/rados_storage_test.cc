@@ -40,9 +40,11 @@ class RadosStorageTest : public ::testing::Test {
     EXPECT_TRUE(s.ok()) << s.ToString();
     return Open();
   }
-  std::unique_ptr<Storage> Open(bool read_only = false) {
+  std::unique_ptr<Storage> Open(bool read_only = false,
+                                CacheMode cache = CacheMode::kWriteback) {
     OpenOptions o;
     o.read_only = read_only;
+    o.cache = cache;
     auto st = OpenRados(uri_, o);
     EXPECT_TRUE(st) << st.status().ToString();
     return st ? std::move(*st) : nullptr;
@@ -86,8 +88,10 @@ TEST_F(RadosStorageTest, RoundTripAcrossObjectBoundaries) {
   EXPECT_EQ(std::vector<uint8_t>(head.begin() + off, head.end()),
             std::vector<uint8_t>(data.begin(), data.begin() + 10));
 
-  // What the pool holds, by the rados CLI: objects 0..4, each with the bytes
-  // of its share (object 0 is 60 KiB of zeros then data: RADOS fills the gap).
+  // What the pool holds once flushed (the write was held: it is under
+  // kMaxHeldWrite), by the rados CLI: objects 0..4, each with the bytes of
+  // its share (object 0 is 60 KiB of zeros then data: RADOS fills the gap).
+  ASSERT_TRUE(s->Flush().ok());
   EXPECT_EQ(DataObjects(),
             (std::vector<std::string>{Obj(0), Obj(1), Obj(2), Obj(3), Obj(4)}));
   EXPECT_EQ(ObjectSize(Obj(0)), int64_t(kObj));
@@ -114,6 +118,7 @@ TEST_F(RadosStorageTest, UnwrittenRangesReadZeros) {
   std::vector<uint8_t> v = Read(*s, kObj * 5, kObj);
   EXPECT_EQ(std::vector<uint8_t>(v.begin(), v.begin() + 100), Pattern(2, 100));
   EXPECT_TRUE(AllZero(std::vector<uint8_t>(v.begin() + 100, v.end())));
+  ASSERT_TRUE(s->Flush().ok());
   EXPECT_EQ(DataObjects(), std::vector<std::string>{Obj(5)});
   EXPECT_EQ(ObjectSize(Obj(5)), 100);
 }
@@ -153,6 +158,7 @@ TEST_F(RadosStorageTest, ConcurrentWritersOnDifferentObjects) {
       }
     }
   }
+  ASSERT_TRUE(s->Flush().ok());
   EXPECT_EQ(DataObjects().size(), size_t(2 * kThreads));
 }
 
@@ -161,6 +167,7 @@ TEST_F(RadosStorageTest, PunchRemovesWholeObjectsAndZeroesPartOnes) {
   ASSERT_TRUE(s);
   const std::vector<uint8_t> data = Pattern(3, 4 * kObj);
   ASSERT_TRUE(s->WriteAt(0, data).ok());
+  ASSERT_TRUE(s->Flush().ok());
   ASSERT_EQ(DataObjects().size(), 4u);
   // [1000, 3 KiB) inside object 0: zeroed in place.
   ASSERT_TRUE(s->PunchHole(1000, 2072).ok());
@@ -187,6 +194,7 @@ TEST_F(RadosStorageTest, PunchRemovesWholeObjectsAndZeroesPartOnes) {
   // A short object: zeroing past its end leaves it as long as it was;
   // zeroing over its end cuts it back.
   ASSERT_TRUE(s->WriteAt(8 * kObj, Pattern(13, 100)).ok());
+  ASSERT_TRUE(s->Flush().ok());
   ASSERT_TRUE(s->PunchHole(8 * kObj + 200, 300).ok());
   EXPECT_EQ(ObjectSize(Obj(8)), 100);
   ASSERT_TRUE(s->PunchHole(8 * kObj + 50, kObj - 50).ok());
@@ -199,6 +207,7 @@ TEST_F(RadosStorageTest, ZeroRangeCountsAndExtends) {
   ASSERT_TRUE(s);
   const std::vector<uint8_t> data = Pattern(4, 2 * kObj);
   ASSERT_TRUE(s->WriteAt(0, data).ok());
+  ASSERT_TRUE(s->Flush().ok());
   ASSERT_TRUE(s->ZeroRange(kObj, kObj).ok());            // object 1 whole: removed
   ASSERT_TRUE(s->ZeroRange(2 * kObj - 10, 30000).ok());  // past the end: extends
   EXPECT_EQ(*s->Size(), 2 * kObj - 10 + 30000);
@@ -213,6 +222,7 @@ TEST_F(RadosStorageTest, ResizeShrinkRemovesAndTruncates) {
   ASSERT_TRUE(s);
   const std::vector<uint8_t> data = Pattern(5, 3 * kObj);
   ASSERT_TRUE(s->WriteAt(0, data).ok());
+  ASSERT_TRUE(s->Flush().ok());
   const uint64_t new_size = kObj + kObj / 2;
   ASSERT_TRUE(s->Resize(new_size).ok());
   EXPECT_EQ(*s->Size(), new_size);
@@ -446,6 +456,94 @@ TEST_F(RadosStorageTest, OpenWithCreate) {
   auto again = OpenRados(uri_, o);
   ASSERT_FALSE(again);
   EXPECT_EQ(again.status().code(), Code::kBusy);
+}
+
+// Write-back (rados_storage.h): small writes are held, read back at once,
+// and reach the objects at Flush, each object's runs in one operation.
+TEST_F(RadosStorageTest, HeldWritesReachTheObjectsAtFlush) {
+  auto s = Create(0);
+  ASSERT_TRUE(s);
+  std::vector<uint8_t> model(2 * kObj, 0);
+  // 64 writes of 512 bytes, 1 KiB apart, over two objects, and one over
+  // the boundary between them.
+  for (uint64_t i = 0; i < 64; ++i) {
+    const std::vector<uint8_t> d = Pattern(int(i) + 20, 512);
+    ASSERT_TRUE(s->WriteAt(i * 2048, d).ok());
+    std::copy(d.begin(), d.end(), model.begin() + std::ptrdiff_t(i * 2048));
+  }
+  const std::vector<uint8_t> edge = Pattern(90, 3000);
+  ASSERT_TRUE(s->WriteAt(kObj - 1000, edge).ok());
+  std::copy(edge.begin(), edge.end(), model.begin() + std::ptrdiff_t(kObj - 1000));
+  EXPECT_EQ(Read(*s, 0, 2 * kObj), model);
+  EXPECT_TRUE(DataObjects().empty());  // held, not yet stored
+  {
+    auto reader = Open(/*read_only=*/true);
+    ASSERT_TRUE(reader);
+    EXPECT_TRUE(AllZero(Read(*reader, 0, 2 * kObj)));
+  }
+  ASSERT_TRUE(s->Flush().ok());
+  EXPECT_EQ(DataObjects(), (std::vector<std::string>{Obj(0), Obj(1)}));
+  std::vector<uint8_t> stored = ObjectBytes(Obj(0));
+  const std::vector<uint8_t> obj1 = ObjectBytes(Obj(1));
+  stored.insert(stored.end(), obj1.begin(), obj1.end());
+  stored.resize(2 * kObj, 0);  // object 1 ends at its last written byte
+  EXPECT_EQ(stored, model);
+  auto reader = Open(/*read_only=*/true);
+  ASSERT_TRUE(reader);
+  EXPECT_EQ(Read(*reader, 0, 2 * kObj), model);
+}
+
+TEST_F(RadosStorageTest, CacheNoneWritesThrough) {
+  ASSERT_TRUE(CreateRados(uri_, 0, kObj).ok());
+  auto s = Open(/*read_only=*/false, CacheMode::kNone);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->WriteAt(3 * kObj + 10, Pattern(7, 100)).ok());
+  EXPECT_EQ(DataObjects(), std::vector<std::string>{Obj(3)});
+  EXPECT_EQ(ObjectSize(Obj(3)), 110);
+}
+
+// Bytes held before a write that goes through (a large one), a punch, a
+// zero or a shrink never land after it.
+TEST_F(RadosStorageTest, HeldBytesNeverLandOverNewerOnes) {
+  auto s = Create(0);
+  ASSERT_TRUE(s);
+  const uint64_t big = RadosStorage::kMaxHeldWrite;
+  ASSERT_TRUE(s->WriteAt(100, Pattern(30, 4096)).ok());           // held
+  ASSERT_TRUE(s->WriteAt(20 * kObj, Pattern(31, 4096)).ok());     // held
+  ASSERT_TRUE(s->WriteAt(40 * kObj, Pattern(32, 4096)).ok());     // held
+  ASSERT_TRUE(s->WriteAt(60 * kObj, Pattern(33, 4096)).ok());     // held
+  const std::vector<uint8_t> large = Pattern(34, big);
+  ASSERT_TRUE(s->WriteAt(0, large).ok());                          // through
+  EXPECT_EQ(ObjectSize(Obj(0)), int64_t(kObj));                   // stored at once
+  ASSERT_TRUE(s->PunchHole(20 * kObj, 4096).ok());
+  ASSERT_TRUE(s->ZeroRange(40 * kObj, 4096).ok());
+  ASSERT_TRUE(s->Resize(50 * kObj).ok());
+  const auto check = [&](Storage& st) {
+    EXPECT_EQ(Read(st, 0, big), large);
+    EXPECT_TRUE(AllZero(Read(st, 20 * kObj, 4096)));
+    EXPECT_TRUE(AllZero(Read(st, 40 * kObj, 4096)));
+    ASSERT_TRUE(st.Resize(61 * kObj).ok());
+    EXPECT_TRUE(AllZero(Read(st, 60 * kObj, 4096)));
+  };
+  check(*s);
+  ASSERT_TRUE(s->Flush().ok());
+  check(*s);
+  s.reset();
+  auto again = Open();
+  ASSERT_TRUE(again);
+  check(*again);
+}
+
+// Without a flush, held bytes are written back once they are a second old.
+TEST_F(RadosStorageTest, HeldBytesAreStoredWithinSeconds) {
+  auto s = Create(0);
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->WriteAt(kObj, Pattern(40, 512)).ok());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (DataObjects().empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_EQ(ObjectBytes(Obj(1)), Pattern(40, 512));
 }
 
 }  // namespace
