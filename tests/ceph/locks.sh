@@ -85,11 +85,22 @@ td io -r -c "read -P 0x11 0 64k" "$IMG"
 ok nbdinfo --size "nbd+unix:///?socket=$sock"
 
 log "a paused holder is fenced and its queued and late writes fail"
+# The clusters the queued writes go to are written through the server first,
+# so those writes allocate nothing (an allocation may flush, and a flush
+# fails): a plain overwrite may be held in memory (docs/rados.md,
+# "Write-back"), which a holder must stop doing once it may be fenced.
+capture "$QEMU_IO" -f raw -c "write -P 0x12 0 64k" -c "write -P 0x12 1M 64k" \
+  -c "write -P 0x12 2M 64k" -c flush "nbd+unix:///?socket=$sock"
+assert_eq 0 "$RC" "writes through the holder before it is paused"
 kill -STOP "$A"
 # Writes a guest sends while its server is paused (a hung host) queue in the
 # socket: three of them, each with a flush, that must all fail on resume.
+# qemu-io flushes after every write by default (writethrough); two of them
+# use `-t writeback`, so the write itself must fail, not only its flush.
 for off in 0 1M 2M; do
-  timeout 120 "$QEMU_IO" -f raw -c "write -P 0x44 $off 64k" -c flush \
+  cache=(-t writeback)
+  [[ $off == 1M ]] && cache=()
+  timeout 120 "$QEMU_IO" -f raw "${cache[@]}" -c "write -P 0x44 $off 64k" -c flush \
     "nbd+unix:///?socket=$sock" >"queued-$off.out" 2>&1 &
   QUEUED+=($!)
 done
