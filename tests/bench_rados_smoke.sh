@@ -41,32 +41,33 @@ need = lambda ok, what: ok or errors.append(what)
 need(lines and lines[0].startswith("thindisk bench/rados, "), "first line names the run")
 for p in ("machine: ", "cluster: ", "settings: ", "thindisk: "):
     need(any(l.startswith(p) for l in lines), f"a {p!r} line")
-cols = ["td rados://", "td over rbd:", "qemu-nbd rbd:", "fio rbd"]
+cols = ["td rados://", "td over rbd:", "qemu-nbd rbd:", "fio rbd", "td cache=none", "qemu-nbd wb"]
 head = next((i for i, l in enumerate(lines) if l.startswith("row ")), None)
 need(head is not None and all(c in lines[head] for c in cols), "the column header")
-# Row title -> which of the four columns hold a figure.
+# Row title -> which of the six columns hold a figure.
 want = {
-    "W2 4K rand first write QD16": [1, 0, 1, 1],
-    "W3 4K rewrite QD16": [1, 0, 1, 1],
-    "W4 seq write 1M+flush QD1": [1, 0, 1, 1],
-    "W4 seq write 1M+flush QD16": [1, 0, 1, 1],
-    "W7 read-back 1M QD1": [1, 0, 1, 1],
-    "W7 read-back 1M QD16": [1, 0, 1, 1],
-    "W5 4K clone first write QD16": [1, 1, 1, 1],
-    "W5 OSD write amp QD16": [1, 1, 1, 1],
+    "W2 4K rand first write QD16": [1, 0, 1, 1, 1, 1],
+    "W3 4K rewrite QD16": [1, 0, 1, 1, 1, 1],
+    "W4 seq write 1M+flush QD1": [1, 0, 1, 1, 1, 1],
+    "W4 seq write 1M+flush QD16": [1, 0, 1, 1, 1, 1],
+    "W7 read-back 1M QD1": [1, 0, 1, 1, 1, 1],
+    "W7 read-back 1M QD16": [1, 0, 1, 1, 1, 1],
+    "W5 4K clone first write QD16": [1, 1, 1, 1, 1, 1],
+    "W5 OSD write amp QD16": [1, 1, 1, 1, 1, 1],
 }
 for title, mask in want.items():
     row = next((l for l in lines if l.startswith(title + " (")), None)
     if row is None:
         errors.append(f"no row {title!r}")
         continue
-    figs = row[38:38 + 4 * 15].split()  # a 38-character title, four columns of 15
+    figs = row[38:38 + 6 * 15].split()  # a 38-character title, six columns of 15
     for c, has, tok in zip(cols, mask, figs):
         ok = re.fullmatch(r"\d+(\.\d+)?", tok) is not None if has else tok == "-"
         need(ok, f"{title}: column {c} shows {tok!r}")
 # Copy-on-write: every target sent the OSD something for its W5 writes.
 amp = {t: float(v) for _, t, m, v in raw if m == "W5.hostamp.qd16"}
-need(sorted(amp) == ["fiorbd", "qnrbd", "tdrados", "tdrbd"], f"W5 amplification of {sorted(amp)}")
+need(sorted(amp) == ["fiorbd", "qnrbd", "qnwb", "tdnone", "tdrados", "tdrbd"],
+     f"W5 amplification of {sorted(amp)}")
 need(all(v > 0 for v in amp.values()), f"a W5 amplification of zero: {amp}")
 verdict = next((l for l in lines if l.startswith("targets: ")), None)
 m = re.fullmatch(r"targets: (\d+) PASS, (\d+) MISS", verdict or "")
