@@ -30,7 +30,11 @@
 #      What happens (measured on pacific, 16.2.15): thindisk sets no
 #      rados_osd_op_timeout (src/io/), so librados' default 0 applies: a
 #      request waits for its OSD without limit. During either outage every
-#      request blocks (no write or flush is acknowledged, none fails); after
+#      flush blocks and none fails, and so does every write that must reach
+#      the OSDs; a small write is held in memory (docs/rados.md,
+#      "Write-back") only while the lock's watch was confirmed within half
+#      the watch timeout (2.5 s here) and under 16 MiB are held, so past
+#      the outage's first seconds writes block too; after
 #      a restart they get through 0.7-5 s after the OSD is ready (the
 #      server's librados reconnects later than a fresh client, which gets
 #      through at once), after SIGCONT within 10 ms; the writer then
