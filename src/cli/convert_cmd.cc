@@ -13,6 +13,8 @@
 // zeroes), unless --target-is-zero says it already reads as zeros. It is
 // never removed on failure. -t/-T choose the cache modes of destination
 // and source as qemu-img's do (none: O_DIRECT); -W and -m are accepted.
+// -S sets the zero grain as qemu-img's does; -S 0 writes every byte, so a
+// raw output has no holes and a qcow2 one every cluster allocated.
 //
 // --bitmaps copies the persistent dirty bitmaps of a qcow2 source's top
 // layer into a qcow2 destination, as qemu-img convert --bitmaps does (same
@@ -96,6 +98,10 @@ class ConvertCommand final : public Subcommand {
                   "create, every byte written, zeros included; it must be at least as large");
     sub->add_flag("--target-is-zero", target_is_zero_,
                   "With -n: the destination reads as zeros, so zeros need not be written");
+    sub->add_option("-S", sparse_text_,
+                    "Zero runs of this many bytes in the source's data are not written (a "
+                    "multiple of 512 up to 16M; default 4k); 0 writes every byte, zeros "
+                    "included: a fully allocated output");
     sub->add_option("-t", dst_cache_,
                     "Destination cache mode: writeback (default), none or directsync (O_DIRECT), "
                     "writethrough, unsafe");
@@ -118,6 +124,7 @@ class ConvertCommand final : public Subcommand {
       return Status::InvalidArgument("Use of --skip-broken-bitmaps requires --bitmaps");
     }
     TD_RETURN_IF_ERROR(CheckNoCreateOptions());
+    TD_RETURN_IF_ERROR(ParseSparse());
     TD_ASSIGN_OR_RETURN(CacheChoice src_cache, ParseCacheMode(src_cache_, "-T"));
     TD_ASSIGN_OR_RETURN(dst_cache_choice_, ParseCacheMode(dst_cache_, "-t"));
     block::OpenOptions src_options;
@@ -212,6 +219,19 @@ class ConvertCommand final : public Subcommand {
     return Status::Ok();
   }
 
+  // -S, as qemu-img takes it: a multiple of 512 up to 16 MiB, or 0.
+  Status ParseSparse() {
+    if (sparse_text_.empty()) return Status::Ok();
+    Result<uint64_t> v = ParseSize(sparse_text_);
+    if (!v || *v % 512 != 0 || *v > kMaxSparse) {
+      return Status::InvalidArgument(
+          "invalid -S '" + sparse_text_ +
+          "': a sparse size is a multiple of 512 bytes up to 16M, or 0 to write every byte");
+    }
+    sparse_ = *v;
+    return Status::Ok();
+  }
+
   // -n's checks that need no image: what only a new target can take.
   Status CheckNoCreateOptions() const {
     if (target_is_zero_ && !no_create_) {
@@ -263,8 +283,9 @@ class ConvertCommand final : public Subcommand {
     Progress progress(progress_ && !quiet_);
     BackgroundWriteback writeback(dst_file_);
     progress.Update(0, src.size());
-    TD_RETURN_IF_ERROR(compress_ ? CopyCompressed(src, *dst, target, progress, &writeback)
-                                 : CopyPlain(src, *dst, target, progress, &writeback));
+    const CopyOptions copy{target, sparse_};
+    TD_RETURN_IF_ERROR(compress_ ? CopyCompressed(src, *dst, copy, progress, &writeback)
+                                 : CopyPlain(src, *dst, copy, progress, &writeback));
     progress.Update(src.size(), src.size());
     progress.Finish();
     Status written_back = writeback.Finish();
@@ -290,6 +311,9 @@ class ConvertCommand final : public Subcommand {
   bool skip_broken_bitmaps_ = false;
   bool no_create_ = false;
   bool target_is_zero_ = false;
+  static constexpr uint64_t kMaxSparse = uint64_t(16) << 20;
+  std::string sparse_text_;                 // -S as given
+  uint64_t sparse_ = CopyOptions{}.sparse;  // -S
   std::string dst_cache_ = "writeback";
   std::string src_cache_ = "writeback";
   CacheChoice dst_cache_choice_;

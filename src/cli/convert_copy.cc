@@ -15,19 +15,18 @@
 namespace thindisk::cli {
 namespace {
 
-// Bytes read from the source per step, and the zero detection grain inside
-// a chunk (a run of zeros this large is not written; qemu-img convert's
-// default -S is 4 KiB). `measure` replays the same grain (qcow2/measure.h).
+// Bytes read from the source per step (or -S's grain, when larger). The
+// default zero detection grain (CopyOptions::sparse) is what `measure`
+// replays (qcow2/measure.h).
 constexpr uint64_t kCopyChunk = qcow2::kConvertChunk;
-constexpr uint64_t kSparseGrain = qcow2::kConvertSparseGrain;
+static_assert(CopyOptions{}.sparse == qcow2::kConvertSparseGrain);
 // Plain copies read ahead and write in order (CopyPlain): kCopyReaders
-// threads fetch runs of kCopyRun bytes (block status and data) while this
+// threads fetch runs of run_bytes_ (block status and data) while this
 // thread writes finished runs in guest order, as qemu-img convert does
 // without -W. So many requests are in flight against a source with latency
 // (an NBD export answers each after a round trip), while the target's host
 // layout still follows guest order: later sequential reads stay sequential
 // and measure's prediction of the file size stays exact.
-constexpr uint64_t kCopyRun = kCopyChunk;
 constexpr size_t kCopyReaders = 8;
 // Compression is CPU-bound: runs of kCompressRun clusters over the
 // machine's CPUs, at most kMaxCompressThreads (ForEachRun).
@@ -37,17 +36,19 @@ constexpr size_t kMaxCompressThreads = 8;
 class Converter {
  public:
   // `writeback` (optional) is told what each copy step wrote.
-  Converter(block::Device& src, block::Device& dst, Target target, Progress& progress,
-            BackgroundWriteback* writeback)
+  Converter(block::Device& src, block::Device& dst, const CopyOptions& options,
+            Progress& progress, BackgroundWriteback* writeback)
       : src_(src),
         dst_(dst),
-        target_(target),
+        target_(options.target),
+        sparse_(options.sparse),
+        run_bytes_(std::max(kCopyChunk, options.sparse)),
         progress_(progress),
         writeback_(writeback) {}
 
   Status CopyPlain() {
     const uint64_t size = src_.size();
-    const uint64_t runs = (size + kCopyRun - 1) / kCopyRun;
+    const uint64_t runs = (size + run_bytes_ - 1) / run_bytes_;
     // Run r is fetched into slots[r % kCopyReaders] once run r - kCopyReaders
     // has been written.
     std::vector<FetchedRun> slots(kCopyReaders);
@@ -64,8 +65,8 @@ class Converter {
         cv.wait(lock, [&] { return stop || r < written + kCopyReaders; });
         if (stop) return;
         lock.unlock();
-        const uint64_t begin = r * kCopyRun;
-        Status s = Fetch(begin, std::min(size, begin + kCopyRun), slot);
+        const uint64_t begin = r * run_bytes_;
+        Status s = Fetch(begin, std::min(size, begin + run_bytes_), slot);
         lock.lock();
         slot.status = s;
         slot.run = r;
@@ -96,7 +97,7 @@ class Converter {
         result = s;
         break;
       }
-      progress_.Update(std::min(size, (r + 1) * kCopyRun), size);
+      progress_.Update(std::min(size, (r + 1) * run_bytes_), size);
       if (writeback_ != nullptr) writeback_->Wrote(data_bytes);
     }
     for (std::thread& t : readers) t.join();
@@ -198,7 +199,7 @@ class Converter {
       Piece p{offset, n, Piece::Kind::kData};
       if (SkipExtent(e)) {
         p.kind = Piece::Kind::kSkip;
-      } else if (e.zero) {
+      } else if (e.zero && sparse_ != 0) {
         p.kind = Piece::Kind::kZero;  // hides the target's backing file or old data
       } else {
         TD_RETURN_IF_ERROR(src_.Read(offset, std::span(run.data).subspan(offset - begin, n)));
@@ -229,7 +230,7 @@ class Converter {
       uint64_t n = std::min(cluster, end - offset);
       TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, end - offset));
       const bool skip = SkipExtent(e);
-      if (e.length >= n && (skip || e.zero)) {
+      if (e.length >= n && (skip || (e.zero && sparse_ != 0))) {
         // Every whole cluster the extent covers at once: skipped, or zeroed
         // where the target would not read zeros.
         uint64_t stop = offset + e.length;
@@ -240,7 +241,7 @@ class Converter {
       }
       std::span<uint8_t> data(buf.data(), n);
       TD_RETURN_IF_ERROR(src_.Read(offset, data));
-      if (IsAllZero(data.data(), n)) {
+      if (sparse_ != 0 && IsAllZero(data.data(), n)) {
         if (target_ != Target::kZero) TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset, n));
       } else {
         TD_RETURN_IF_ERROR(image.WriteCompressed(offset, data));
@@ -251,14 +252,14 @@ class Converter {
   }
 
   // Whether the extent needs no write at all. A target that reads as zeros
-  // needs no zero extents. Over a backing file (-B), what the source's own
-  // top layer does not hold comes from the backing file the target will
-  // share, as qemu-img convert -B assumes. An existing target (-n) needs
-  // every extent, zeros included.
+  // needs no zero extents (unless -S 0 allocates them). Over a backing file
+  // (-B), what the source's own top layer does not hold comes from the
+  // backing file the target will share, as qemu-img convert -B assumes. An
+  // existing target (-n) needs every extent, zeros included.
   bool SkipExtent(const block::Extent& e) const {
     switch (target_) {
       case Target::kZero:
-        return e.zero;
+        return e.zero && sparse_ != 0;
       case Target::kBacking:
         return e.depth > 0 || !e.present;
       case Target::kExisting:
@@ -267,12 +268,14 @@ class Converter {
     return false;
   }
 
-  // Writes the parts of `data` that are not all zero, in maximal runs.
+  // Writes the parts of `data` that are not all-zero grains, in maximal
+  // runs; with -S 0, all of it.
   Status WriteNonZeroRuns(uint64_t offset, std::span<const uint8_t> data) {
+    if (sparse_ == 0) return dst_.Write(offset, data);
     size_t run_start = 0;
     bool in_run = false;
-    for (size_t pos = 0; pos < data.size(); pos += kSparseGrain) {
-      size_t len = std::min<size_t>(kSparseGrain, data.size() - pos);
+    for (size_t pos = 0; pos < data.size(); pos += sparse_) {
+      size_t len = std::min<size_t>(sparse_, data.size() - pos);
       bool zero = IsAllZero(data.data() + pos, len);
       if (!zero && !in_run) {
         run_start = pos;
@@ -291,21 +294,23 @@ class Converter {
 
   block::Device& src_;
   block::Device& dst_;
-  Target target_;
+  const Target target_;
+  const uint64_t sparse_;     // -S: the zero grain; 0 writes every byte
+  const uint64_t run_bytes_;  // what one reader fetches: a chunk, or a grain if larger
   Progress& progress_;
   BackgroundWriteback* writeback_;
 };
 
 }  // namespace
 
-Status CopyPlain(block::Device& src, block::Device& dst, Target target, Progress& progress,
-                 BackgroundWriteback* writeback) {
-  return Converter(src, dst, target, progress, writeback).CopyPlain();
+Status CopyPlain(block::Device& src, block::Device& dst, const CopyOptions& options,
+                 Progress& progress, BackgroundWriteback* writeback) {
+  return Converter(src, dst, options, progress, writeback).CopyPlain();
 }
 
-Status CopyCompressed(block::Device& src, block::Device& dst, Target target, Progress& progress,
-                      BackgroundWriteback* writeback) {
-  return Converter(src, dst, target, progress, writeback).CopyCompressed();
+Status CopyCompressed(block::Device& src, block::Device& dst, const CopyOptions& options,
+                      Progress& progress, BackgroundWriteback* writeback) {
+  return Converter(src, dst, options, progress, writeback).CopyCompressed();
 }
 
 }  // namespace thindisk::cli

@@ -18,17 +18,26 @@ enum class Target {
   kExisting,  // -n: an existing image, holding anything
 };
 
+// qemu-img convert's -S: all-zero runs of `sparse` bytes inside data are
+// not written (written as zeroes unless the target reads as zeros); 0
+// writes every byte the target needs as data, zero extents included, so
+// the output is fully allocated.
+struct CopyOptions {
+  Target target = Target::kZero;
+  uint64_t sparse = 4096;  // qcow2::kConvertSparseGrain
+};
+
 // Copies `src` into `dst` (at least as large) in guest order: 8 readers
 // fetch runs of block status and data ahead of this thread, which writes
-// them in order; zero grains of 4 KiB inside data are not written (written
-// as zeroes unless the target reads as zeros). `progress` is drawn and
-// `writeback` (optional) told what each run wrote.
-Status CopyPlain(block::Device& src, block::Device& dst, Target target, Progress& progress,
-                 BackgroundWriteback* writeback);
+// them in order. `progress` is drawn and `writeback` (optional) told what
+// each run wrote.
+Status CopyPlain(block::Device& src, block::Device& dst, const CopyOptions& options,
+                 Progress& progress, BackgroundWriteback* writeback);
 
-// The same into a qcow2 `dst` as compressed clusters, on up to 8 threads;
+// The same into a qcow2 `dst` as compressed clusters, on up to 8 threads
+// (zero clusters are skipped, or with sparse 0 written compressed too);
 // InvalidArgument when `dst` is not qcow2.
-Status CopyCompressed(block::Device& src, block::Device& dst, Target target, Progress& progress,
-                      BackgroundWriteback* writeback);
+Status CopyCompressed(block::Device& src, block::Device& dst, const CopyOptions& options,
+                      Progress& progress, BackgroundWriteback* writeback);
 
 }  // namespace thindisk::cli
