@@ -219,9 +219,11 @@ Status RadosStorage::WriteHeld(const WriteBack::Extents& extents) {
     const Pieces pieces(offset, bytes.size(), object_order_);
     for (uint64_t i = 0; i < pieces.count(); ++i) {
       const Piece p = pieces[i];
-      if (objects.empty() || objects.back().index != p.index) objects.push_back({p.index, {}});
+      if (objects.empty() || objects.back().index != p.index)
+        objects.push_back({p.index, {}});
       std::vector<Run>& runs = objects.back().runs;
-      if (runs.empty() || runs.back().in_object + runs.back().bl.length() != p.in_object) {
+      if (runs.empty() ||
+          runs.back().in_object + runs.back().bl.length() != p.in_object) {
         runs.push_back({p.in_object, {}});
       }
       PointAt(runs.back().bl, bytes.data() + p.in_request, p.length);
@@ -235,7 +237,8 @@ Status RadosStorage::WriteHeld(const WriteBack::Extents& extents) {
         return io_.aio_operate(ObjectName(objects[i].index), s.completion, &*s.op);
       },
       [&](uint64_t i, AioSlot&, int ret) {
-        return ret < 0 ? Error(ret, "write " + ObjectName(objects[i].index)) : Status::Ok();
+        return ret < 0 ? Error(ret, "write " + ObjectName(objects[i].index))
+                       : Status::Ok();
       });
 }
 

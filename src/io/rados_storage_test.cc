@@ -508,13 +508,13 @@ TEST_F(RadosStorageTest, HeldBytesNeverLandOverNewerOnes) {
   auto s = Create(0);
   ASSERT_TRUE(s);
   const uint64_t big = RadosStorage::kMaxHeldWrite;
-  ASSERT_TRUE(s->WriteAt(100, Pattern(30, 4096)).ok());           // held
-  ASSERT_TRUE(s->WriteAt(20 * kObj, Pattern(31, 4096)).ok());     // held
-  ASSERT_TRUE(s->WriteAt(40 * kObj, Pattern(32, 4096)).ok());     // held
-  ASSERT_TRUE(s->WriteAt(60 * kObj, Pattern(33, 4096)).ok());     // held
+  ASSERT_TRUE(s->WriteAt(100, Pattern(30, 4096)).ok());        // held
+  ASSERT_TRUE(s->WriteAt(20 * kObj, Pattern(31, 4096)).ok());  // held
+  ASSERT_TRUE(s->WriteAt(40 * kObj, Pattern(32, 4096)).ok());  // held
+  ASSERT_TRUE(s->WriteAt(60 * kObj, Pattern(33, 4096)).ok());  // held
   const std::vector<uint8_t> large = Pattern(34, big);
-  ASSERT_TRUE(s->WriteAt(0, large).ok());                          // through
-  EXPECT_EQ(ObjectSize(Obj(0)), int64_t(kObj));                   // stored at once
+  ASSERT_TRUE(s->WriteAt(0, large).ok());        // through
+  EXPECT_EQ(ObjectSize(Obj(0)), int64_t(kObj));  // stored at once
   ASSERT_TRUE(s->PunchHole(20 * kObj, 4096).ok());
   ASSERT_TRUE(s->ZeroRange(40 * kObj, 4096).ok());
   ASSERT_TRUE(s->Resize(50 * kObj).ok());

@@ -11,8 +11,9 @@ namespace {
 
 // The end of [offset, offset + length), clamped (Forget's "to the end").
 uint64_t EndOf(uint64_t offset, uint64_t length) {
-  return length > std::numeric_limits<uint64_t>::max() - offset ? std::numeric_limits<uint64_t>::max()
-                                                                : offset + length;
+  return length > std::numeric_limits<uint64_t>::max() - offset
+             ? std::numeric_limits<uint64_t>::max()
+             : offset + length;
 }
 
 // The first run that may overlap [offset, ...): the one before offset when
@@ -58,7 +59,8 @@ void CollectFrom(const WriteBack::Extents& m, uint64_t offset, uint64_t end,
     const uint64_t from = std::max(it->first, offset);
     const uint64_t to = std::min<uint64_t>(it->first + it->second.size(), end);
     const auto first = it->second.begin() + std::ptrdiff_t(from - it->first);
-    held.emplace_back(from, std::vector<uint8_t>(first, first + std::ptrdiff_t(to - from)));
+    held.emplace_back(from,
+                      std::vector<uint8_t>(first, first + std::ptrdiff_t(to - from)));
   }
 }
 
@@ -81,9 +83,8 @@ Status WriteBack::Add(uint64_t offset, std::span<const uint8_t> data) {
   if (data.empty()) return Status::Ok();
   std::vector<uint8_t> copy(data.begin(), data.end());  // outside the lock
   std::unique_lock<std::mutex> lock(mu_);
-  space_cv_.wait(lock, [this] {
-    return dirty_bytes_ < limits_.limit || !error_.ok() || stopping_;
-  });
+  space_cv_.wait(
+      lock, [this] { return dirty_bytes_ < limits_.limit || !error_.ok() || stopping_; });
   if (!error_.ok()) return error_;
   const uint64_t before = dirty_bytes_;
   Erase(dirty_, dirty_bytes_, offset, EndOf(offset, data.size()));
@@ -92,7 +93,8 @@ Status WriteBack::Add(uint64_t offset, std::span<const uint8_t> data) {
   if (before == 0) dirty_since_ = std::chrono::steady_clock::now();
   // The thread needs to hear of the first held byte (its age clock) and of
   // crossing `start`; not of every write.
-  const bool wake = before == 0 || (before < limits_.start && dirty_bytes_ >= limits_.start);
+  const bool wake =
+      before == 0 || (before < limits_.start && dirty_bytes_ >= limits_.start);
   lock.unlock();
   if (wake) work_cv_.notify_one();
   return Status::Ok();
@@ -162,9 +164,10 @@ void WriteBack::Run() {
     if (dirty_bytes_ < limits_.start) {
       // Not enough to start a batch yet: wait until the oldest byte is due,
       // unless more arrives (or a drain empties the buffer) first.
-      const bool woken = work_cv_.wait_until(lock, dirty_since_ + limits_.max_age, [this] {
-        return stopping_ || dirty_bytes_ == 0 || dirty_bytes_ >= limits_.start;
-      });
+      const bool woken =
+          work_cv_.wait_until(lock, dirty_since_ + limits_.max_age, [this] {
+            return stopping_ || dirty_bytes_ == 0 || dirty_bytes_ >= limits_.start;
+          });
       if (woken) continue;
     }
     lock.unlock();

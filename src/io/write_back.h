@@ -107,8 +107,8 @@ class WriteBack {
   uint64_t dirty_bytes_ = 0;          // guarded by mu_
   uint64_t writing_bytes_ = 0;        // guarded by mu_
   std::chrono::steady_clock::time_point dirty_since_;  // guarded by mu_
-  Status error_;                      // guarded by mu_: the first failed batch
-  bool stopping_ = false;             // guarded by mu_
+  Status error_;           // guarded by mu_: the first failed batch
+  bool stopping_ = false;  // guarded by mu_
   std::thread thread_;
 };
 

@@ -106,7 +106,7 @@ TEST(WriteBackTest, OverlappingWritesKeepTheNewestBytes) {
   add(2900, 300, 4);   // over the tail
   add(1400, 1000, 5);  // over several runs
   add(3000, 10, 6);
-  add(0, 8192, 7);     // over everything
+  add(0, 8192, 7);  // over everything
   add(4096, 1, 8);
   EXPECT_EQ(wb.held_bytes(), 8192u);  // bytes held once, however often written
   EXPECT_EQ(store.Read(wb, 0, 8192), model);
@@ -274,8 +274,9 @@ TEST(WriteBackTest, ConcurrentWritersReadersAndDrains) {
   ASSERT_TRUE(wb.Drain().ok());
   const std::vector<uint8_t> all = store.Snapshot();
   for (int t = 0; t < kThreads; ++t) {
-    EXPECT_EQ(std::vector<uint8_t>(all.begin() + t * kRange, all.begin() + (t + 1) * kRange),
-              models[t]);
+    EXPECT_EQ(
+        std::vector<uint8_t>(all.begin() + t * kRange, all.begin() + (t + 1) * kRange),
+        models[t]);
   }
 }
 
