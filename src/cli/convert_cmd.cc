@@ -99,9 +99,9 @@ class ConvertCommand final : public Subcommand {
     sub->add_flag("--target-is-zero", target_is_zero_,
                   "With -n: the destination reads as zeros, so zeros need not be written");
     sub->add_option("-S", sparse_text_,
-                    "Zero runs of this many bytes in the source's data are not written (a "
-                    "multiple of 512 up to 16M; default 4k); 0 writes every byte, zeros "
-                    "included: a fully allocated output");
+                    "Zero runs of this many bytes in the source's data are not written "
+                    "(a multiple of 512 up to 16M; default 4k); 0 writes every byte, "
+                    "zeros included: a fully allocated output");
     sub->add_option("-t", dst_cache_,
                     "Destination cache mode: writeback (default), none or directsync (O_DIRECT), "
                     "writethrough, unsafe");
@@ -224,9 +224,9 @@ class ConvertCommand final : public Subcommand {
     if (sparse_text_.empty()) return Status::Ok();
     Result<uint64_t> v = ParseSize(sparse_text_);
     if (!v || *v % 512 != 0 || *v > kMaxSparse) {
-      return Status::InvalidArgument(
-          "invalid -S '" + sparse_text_ +
-          "': a sparse size is a multiple of 512 bytes up to 16M, or 0 to write every byte");
+      return Status::InvalidArgument("invalid -S '" + sparse_text_ +
+                                     "': a sparse size is a multiple of 512 bytes up to "
+                                     "16M, or 0 to write every byte");
     }
     sparse_ = *v;
     return Status::Ok();
