@@ -178,14 +178,12 @@ Status RadosStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
     return Status::OutOfRange(uri_ + ": write past 2^62 bytes");
   }
   TD_RETURN_IF_ERROR(ExtendTo(offset + buf.size()));
-  if (write_back_) {
-    if (buf.size() < kMaxHeldWrite && lock_ && lock_->Confirmed()) {
-      TD_RETURN_IF_ERROR(write_back_->Add(offset, buf));
-      bytes_written_ += buf.size();
-      return Status::Ok();
-    }
-    write_back_->Forget(offset, buf.size());  // nothing older may land over it
+  if (write_back_ && buf.size() < kMaxHeldWrite && lock_ && lock_->Confirmed()) {
+    TD_RETURN_IF_ERROR(write_back_->Add(offset, buf));
+    bytes_written_ += buf.size();
+    return Status::Ok();
   }
+  ForgetHeld(offset, buf.size());  // nothing older may land over it
   const Pieces pieces(offset, buf.size(), object_order_);
   Status st = RunAio(
       pieces.count(), kMaxInFlight,
@@ -260,7 +258,7 @@ Status RadosStorage::Resize(uint64_t size) {
   std::lock_guard<std::mutex> lock(header_mu_);
   const uint64_t old = size_.load();
   if (size < old) {
-    if (write_back_) write_back_->Forget(size, RadosHeader::kMaxSize);
+    ForgetHeld(size, RadosHeader::kMaxSize);
     // Shrink: clear past the new end first, then record it: a crash in
     // between leaves the old size over zeros, never a size over stale data.
     TD_RETURN_IF_ERROR(ClearFromLocked(size));
@@ -352,7 +350,7 @@ Status RadosStorage::PunchHole(uint64_t offset, uint64_t length) {
   if (offset > RadosHeader::kMaxSize || length > RadosHeader::kMaxSize - offset) {
     return Status::OutOfRange(uri_ + ": punch past 2^62 bytes");
   }
-  if (write_back_) write_back_->Forget(offset, length);
+  ForgetHeld(offset, length);
   return ClearRange(offset, length);  // never changes the size
 }
 
@@ -367,7 +365,7 @@ Status RadosStorage::ZeroRange(uint64_t offset, uint64_t length) {
   uint64_t cur = size_.load();
   while (cur < offset + length && !size_.compare_exchange_weak(cur, offset + length)) {
   }
-  if (write_back_) write_back_->Forget(offset, length);
+  ForgetHeld(offset, length);
   TD_RETURN_IF_ERROR(ClearRange(offset, length));
   bytes_written_ += length;
   return Status::Ok();

@@ -189,6 +189,11 @@ class RadosStorage final : public Storage {
   Status WriteHeld(const WriteBack::Extents& extents);
   // Writes everything held back (before asking the OSDs where data is).
   Status DrainHeld() { return write_back_ ? write_back_->Drain() : Status::Ok(); }
+  // Drops held bytes in the range before it is written, punched or cut
+  // around the write-back (io/write_back.h Forget).
+  void ForgetHeld(uint64_t offset, uint64_t length) {
+    if (write_back_) write_back_->Forget(offset, length);
+  }
   // Raises the in-memory size to at least `end`, and the durable data limit
   // over it when needed (before the caller's data write is sent).
   Status ExtendTo(uint64_t end);
