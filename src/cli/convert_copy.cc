@@ -199,7 +199,7 @@ class Converter {
       Piece p{offset, n, Piece::Kind::kData};
       if (SkipExtent(e)) {
         p.kind = Piece::Kind::kSkip;
-      } else if (e.zero && sparse_ != 0) {
+      } else if (ZeroWithoutData(e)) {
         p.kind = Piece::Kind::kZero;  // hides the target's backing file or old data
       } else {
         TD_RETURN_IF_ERROR(src_.Read(offset, std::span(run.data).subspan(offset - begin, n)));
@@ -230,7 +230,7 @@ class Converter {
       uint64_t n = std::min(cluster, end - offset);
       TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, end - offset));
       const bool skip = SkipExtent(e);
-      if (e.length >= n && (skip || (e.zero && sparse_ != 0))) {
+      if (e.length >= n && (skip || ZeroWithoutData(e))) {
         // Every whole cluster the extent covers at once: skipped, or zeroed
         // where the target would not read zeros.
         uint64_t stop = offset + e.length;
@@ -259,7 +259,7 @@ class Converter {
   bool SkipExtent(const block::Extent& e) const {
     switch (target_) {
       case Target::kZero:
-        return e.zero && sparse_ != 0;
+        return ZeroWithoutData(e);
       case Target::kBacking:
         return e.depth > 0 || !e.present;
       case Target::kExisting:
@@ -267,6 +267,10 @@ class Converter {
     }
     return false;
   }
+
+  // Whether a zero extent of the source is zeroed (or skipped) rather than
+  // written as data: always, unless -S 0 allocates every byte.
+  bool ZeroWithoutData(const block::Extent& e) const { return e.zero && sparse_ != 0; }
 
   // Writes the parts of `data` that are not all-zero grains, in maximal
   // runs; with -S 0, all of it.
