@@ -119,9 +119,13 @@ qcow2_opts() {
 
 # assert_info_agrees IMAGE [OPTION...]: `qemu-img info` and `thindisk info`
 # (JSON, both given the same OPTIONs, e.g. -f vpc) must give the same value
-# for every field both report (leaf by leaf).
+# for every field both report (leaf by leaf). The file is synced first:
+# qemu-img convert writes its target in cache mode unsafe (no fsync), and
+# while the kernel's delayed allocation is still settling, its allocated
+# size (actual-size) can move by a block between the two reads.
 assert_info_agrees() {
   local img=$1
+  sync -- "$img"
   ok "$QEMU_IMG" info "${@:2}" --output=json "$img"
   cp "$OUT" "$TMP/.qemu-info.json"
   td info "${@:2}" --output=json "$img"
