@@ -16,6 +16,11 @@
 #   ceph-cluster.sh start-osd DIR     start that osd again (it loads the
 #                                     saved data); ready as for start
 #   ceph-cluster.sh env DIR           print CEPH_CONF=DIR/ceph.conf
+#   ceph-cluster.sh report DIR        what a test that saw the cluster stall
+#                                     needs to say why: health, the osd map's
+#                                     flags and the osd's state, the osd's
+#                                     fill and blocked requests, the daemons'
+#                                     warnings, the host's disk and memory
 #
 # Clients find the cluster through CEPH_CONF=DIR/ceph.conf (ceph, rados, rbd,
 # qemu, fio and librados' conf_read_file(nullptr) all honour it).
@@ -34,7 +39,7 @@
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 start DIR [POOL] | stop DIR | stop-osd DIR | start-osd DIR [POOL] | env DIR" >&2
+  echo "usage: $0 start DIR [POOL] | stop DIR | stop-osd DIR | start-osd DIR [POOL] | env DIR | report DIR" >&2
   exit 2
 }
 [[ $# -ge 2 ]] || usage
@@ -153,6 +158,12 @@ objecter tick interval = 1
 # Clients are many short processes: no admin socket (one name for all
 # would collide, "File exists" on every second client's stderr).
 admin socket =
+# A request the cluster leaves unanswered fails after this many seconds
+# (ETIMEDOUT) instead of waiting for good (librados' default 0, which
+# thindisk keeps): a stalled test cluster fails the tests that use it,
+# with what "ceph-cluster.sh report DIR" prints, instead of hanging the
+# run. Far above any outage a test makes on purpose (faults.sh: 3 s).
+rados osd op timeout = 60
 
 [mon]
 mon data = $DIR/mon/\$name
@@ -311,8 +322,41 @@ start_osd_again() {
   wait_ready
 }
 
+# report: bounded, and never fails (it runs after something already did).
+report() {
+  local asok=$DIR/run/osd.0.asok
+  echo "--- ceph-cluster report of $DIR ($(date -u +%H:%M:%S))"
+  running mon.a && echo "mon.a running" || echo "mon.a NOT running"
+  running osd.0 && echo "osd.0 running" || echo "osd.0 NOT running"
+  echo "--- health"
+  ceph_cli health detail 2>&1 | head -20 || true
+  echo "--- osd map"
+  ceph_cli osd dump 2>&1 | grep -E '^(epoch|flags|full_ratio|nearfull_ratio|pool|osd\.0|blocklist)' |
+    head -20 || true
+  if [[ -S $asok ]]; then
+    echo "--- osd fill (bytes: total used available)"
+    timeout 10 ceph --admin-daemon "$asok" perf dump 2>/dev/null |
+      python3 -c 'import json,sys; o=json.load(sys.stdin)["osd"]; print(o["stat_bytes"], o["stat_bytes_used"], o["stat_bytes_avail"])' ||
+      true
+    echo "--- osd blocked requests"
+    timeout 10 ceph --admin-daemon "$asok" dump_blocked_ops 2>&1 | head -40 || true
+  fi
+  local name
+  for name in mon.a osd.0; do
+    echo "--- $name log: last warnings"
+    grep -aE 'WRN|ERR|full|slow|fail|shutdown|abort|timed out' "$DIR/log/$name.log" 2>/dev/null |
+      grep -avE 'rocksdb|do_prune|_set_cache_ratios|audit|handle_command|create_pending' |
+      tail -15 || true
+  done
+  echo "--- host"
+  df -h "$DIR" 2>&1 | tail -1 || true
+  free -m 2>&1 | head -2 || true
+  return 0
+}
+
 case $CMD in
 start) start_cluster ;;
+report) report ;;
 stop) stop_cluster ;;
 stop-osd) stop_osd_keeping_data ;;
 start-osd) start_osd_again ;;

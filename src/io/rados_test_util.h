@@ -42,17 +42,22 @@ inline bool HaveRadosCli() { return Shell("rados --version").exit_code == 0; }
 
 // The cluster every test of RadosStorage/RadosQcow2 needs: `ceph` is the
 // THINDISK_TEST_DENY name.
-#define TD_REQUIRE_CEPH()                                                       \
-  do {                                                                          \
-    TD_REQUIRE_TOOL("ceph", ::thindisk::io::rados_test::HaveRadosCli());        \
-    const std::string td_conf_ = ::thindisk::io::rados_test::CephConf();        \
-    if (td_conf_.empty() || access(td_conf_.c_str(), R_OK) != 0) {              \
-      TD_SKIP_OR_FAIL(                                                          \
-          "no test cluster: CEPH_CONF='"                                        \
-          << td_conf_                                                           \
-          << "' (ctest starts one: ctest -R 'Rados', or "                       \
-             "scripts/ceph-cluster.sh start DIR and CEPH_CONF=DIR/ceph.conf)"); \
-    }                                                                           \
+#define TD_REQUIRE_CEPH()                                                                \
+  do {                                                                                   \
+    TD_REQUIRE_TOOL("ceph", ::thindisk::io::rados_test::HaveRadosCli());                 \
+    const std::string td_conf_ = ::thindisk::io::rados_test::CephConf();                 \
+    if (td_conf_.empty() || access(td_conf_.c_str(), R_OK) != 0) {                       \
+      TD_SKIP_OR_FAIL(                                                                   \
+          "no test cluster: CEPH_CONF='"                                                 \
+          << td_conf_                                                                    \
+          << "' (ctest starts one: ctest -R 'Rados', or "                                \
+             "scripts/ceph-cluster.sh start DIR and CEPH_CONF=DIR/ceph.conf)");          \
+    }                                                                                    \
+    const std::string td_stalled_ = ::thindisk::io::rados_test::StalledMark();           \
+    if (access(td_stalled_.c_str(), F_OK) == 0) {                                        \
+      FAIL() << "the test cluster stopped answering in an earlier test (" << td_stalled_ \
+             << "): not waiting on it again";                                            \
+    }                                                                                    \
   } while (0)
 
 // "rados://thindisk/<test>-<pid>-<n>": a name no other test or run uses.
@@ -72,11 +77,56 @@ inline std::string Uri(const std::string& image) {
   return uri;
 }
 
+// The test cluster's directory (CEPH_CONF's), "" without one.
+inline std::string ClusterDir() {
+  const std::string conf = CephConf();
+  const size_t slash = conf.rfind('/');
+  return slash == std::string::npos ? "" : conf.substr(0, slash);
+}
+
+// A file that says the cluster stopped answering: once a test saw that
+// (ClusterAnswersAfterFailure), the later ones fail at once
+// (TD_REQUIRE_CEPH) instead of each waiting out the client's request
+// timeout (scripts/ceph-cluster.sh's conf). The next start of the cluster
+// wipes its directory.
+inline std::string StalledMark() { return ClusterDir() + "/stalled"; }
+
+// What scripts/ceph-cluster.sh says of the test cluster's state (health,
+// full flags, blocked requests, the daemons' warnings): for the message of
+// a test that saw the cluster stop answering.
+inline std::string ClusterReport() {
+  if (ClusterDir().empty()) return "(no CEPH_CONF: no cluster report)";
+  std::string cmd = "bash " TD_CEPH_CLUSTER_SCRIPT " report '";
+  cmd.append(ClusterDir()).append("'");
+  return Shell(cmd).output;
+}
+
 // `rados -p thindisk ARGS` with a bounded wait.
 inline RunResult Rados(const std::string& args) {
   std::string cmd = "timeout 60 rados -p ";
   cmd.append(kPool).append(" --rados-osd-op-timeout 30 ").append(args);
   return Shell(cmd);
+}
+
+// For a fixture's TearDown: after a failed test, is the cluster still
+// answering (a write and a read, 10 s each)? If not, the test also fails
+// with the cluster's report, and StalledMark() makes the later tests fail
+// at once. Returns false then (the TearDown leaves its image alone).
+inline bool ClusterAnswersAfterFailure() {
+  if (!::testing::Test::HasFailure() || ClusterDir().empty()) return true;
+  if (access(StalledMark().c_str(), F_OK) == 0) return false;
+  std::string probe = "timeout 20 rados -p ";
+  probe.append(kPool).append(" --rados-osd-op-timeout 10 ");
+  const std::string object = "td-probe-" + std::to_string(getpid());
+  RunResult r = Shell(probe + "put " + object + " '" + CephConf() + "' && " + probe +
+                      "stat " + object + " && " + probe + "rm " + object);
+  if (r.exit_code == 0) return true;
+  const std::string report = r.output + "\n" + ClusterReport();
+  std::ofstream(StalledMark()) << report;
+  ADD_FAILURE() << "the test cluster stopped answering (a write and a read of " << object
+                << " within 10 s each failed):\n"
+                << report;
+  return false;
 }
 
 // The pool's objects whose names start with `prefix` (sorted).

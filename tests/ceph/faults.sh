@@ -29,7 +29,9 @@
 #      lock's watch is back; check passes.
 #      What happens (measured on pacific, 16.2.15): thindisk sets no
 #      rados_osd_op_timeout (src/io/), so librados' default 0 applies: a
-#      request waits for its OSD without limit. During either outage every
+#      request waits for its OSD without limit (the test cluster's conf
+#      bounds it at 60 s, so a stalled cluster fails a run instead of
+#      hanging it: far beyond these outages). During either outage every
 #      flush blocks and none fails, and so does every write that must reach
 #      the OSDs; a small write is held in memory (docs/rados.md,
 #      "Write-back") only while the lock's watch was confirmed within half
@@ -40,7 +42,7 @@
 #      through at once), after SIGCONT within 10 ms; the writer then
 #      finishes and exits 0, and the server's watch is registered again.
 #      (Not tested here: an OSD that never comes back would leave requests
-#      blocked for good, as nothing bounds them; here the writer would
+#      blocked for good where nothing bounds them; here the writer would
 #      report a hung server after CRASH_CLIENT_REPLY_TIMEOUT, 30 s, and the
 #      test fail.)
 #
