@@ -338,14 +338,18 @@ report() {
     timeout 10 ceph --admin-daemon "$asok" perf dump 2>/dev/null |
       python3 -c 'import json,sys; o=json.load(sys.stdin)["osd"]; print(o["stat_bytes"], o["stat_bytes_used"], o["stat_bytes_avail"])' ||
       true
-    echo "--- osd blocked requests"
-    timeout 10 ceph --admin-daemon "$asok" dump_blocked_ops 2>&1 | head -40 || true
+    echo "--- osd state"
+    timeout 10 ceph --admin-daemon "$asok" status 2>&1 | grep -E '"(state|newest_map|num_pgs)"' ||
+      true
+    echo "--- osd requests in flight, and scrubs"
+    timeout 10 ceph --admin-daemon "$asok" dump_ops_in_flight 2>&1 | head -60 || true
+    timeout 10 ceph --admin-daemon "$asok" dump_scrubs 2>&1 | head -20 || true
   fi
   local name
   for name in mon.a osd.0; do
     echo "--- $name log: last warnings"
-    grep -aE 'WRN|ERR|full|slow|fail|shutdown|abort|timed out' "$DIR/log/$name.log" 2>/dev/null |
-      grep -avE 'rocksdb|do_prune|_set_cache_ratios|audit|handle_command|create_pending' |
+    grep -aE 'WRN|ERR|full|slow|fail|shutdown|abort|timed out|scrub|wrongly|down' "$DIR/log/$name.log" 2>/dev/null |
+      grep -avE 'rocksdb|Stalls|do_prune|_set_cache_ratios|audit|handle_command|create_pending' |
       tail -15 || true
   done
   echo "--- host"
