@@ -16,6 +16,10 @@
 // -S sets the zero grain as qemu-img's does; -S 0 writes every byte, so a
 // raw output has no holes and a qcow2 one every cluster allocated.
 //
+// -l converts an internal snapshot of a qcow2 source instead of its active
+// content, named as qemu-img convert -l names one (snapshot.id=,
+// snapshot.name=, or a bare id or name).
+//
 // --bitmaps copies the persistent dirty bitmaps of a qcow2 source's top
 // layer into a qcow2 destination, as qemu-img convert --bitmaps does (same
 // names, granularities, enabled state and bits, same order); an
@@ -85,6 +89,11 @@ class ConvertCommand final : public Subcommand {
     sub->add_flag("-c", compress_, "Compress the destination (qcow2)");
     sub->add_flag("-p", progress_, "Show progress");
     sub->add_flag("-q", quiet_, "Quiet (no progress)");
+    load_snapshot_option_ =
+        sub->add_option("-l", load_snapshot_,
+                        "Convert this internal snapshot of the (qcow2) source instead of "
+                        "its active content: snapshot.id=ID,snapshot.name=NAME or "
+                        "ID_OR_NAME");
     sub->add_option("-B", backing_, "Backing file of the destination (data the source's "
                                     "backing chain holds is not copied)");
     sub->add_option("-F", backing_format_, "Format of the -B backing file");
@@ -132,6 +141,12 @@ class ConvertCommand final : public Subcommand {
     src_options.read_only = true;
     src_options.force_share = force_share_;
     src_options.cache = src_cache.mode;
+    if (load_snapshot_option_->count() > 0) {
+      // The bitmaps track writes to the active image, not the snapshot.
+      if (bitmaps_)
+        return Status::InvalidArgument("--bitmaps cannot be combined with -l");
+      TD_ASSIGN_OR_RETURN(src_options.snapshot, ParseLoadSnapshot(load_snapshot_, "-l"));
+    }
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> src, block::Open(src_file_, src_options));
     TD_RETURN_IF_ERROR(RefuseSameFile());
     if (compress_ && dst_format_ != "qcow2") {
@@ -299,6 +314,7 @@ class ConvertCommand final : public Subcommand {
   }
 
   std::string src_format_;
+  std::string load_snapshot_;  // -l as given
   std::string dst_format_ = "raw";
   std::vector<std::string> option_strings_;
   bool compress_ = false;
@@ -320,6 +336,7 @@ class ConvertCommand final : public Subcommand {
   bool out_of_order_ = false;  // -W, accepted
   int coroutines_ = 8;         // -m, accepted
   CLI::Option* dst_format_option_ = nullptr;
+  CLI::Option* load_snapshot_option_ = nullptr;
   std::vector<qcow2::BitmapInfo> src_bitmaps_;  // --bitmaps: the source's, in order
   std::string src_file_;
   std::string dst_file_;

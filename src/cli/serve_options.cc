@@ -108,10 +108,13 @@ Result<uint64_t> ParseOffset(std::string_view text) {
   return uint64_t(v);
 }
 
-Result<qcow2::SnapshotSelector> ParseLoadSnapshot(std::string_view text) {
+Result<qcow2::SnapshotSelector> ParseLoadSnapshot(std::string_view text,
+                                                  std::string_view flag) {
   qcow2::SnapshotSelector sel;
-  if (text.empty()) return BadValue("-l/--load-snapshot", text, "a snapshot id or name");
-  if (text.starts_with("snapshot.id=") || text.starts_with("snapshot.name=")) {
+  if (text.empty()) return BadValue(flag, text, "a snapshot id or name");
+  // As qemu reads it: "snapshot." starts the key form, anything else is a
+  // bare id or name.
+  if (text.starts_with("snapshot.")) {
     TD_ASSIGN_OR_RETURN(OptionMap keys, ParseOptionString(text));
     for (const auto& [key, value] : keys) {
       if (key == "snapshot.id") {
@@ -119,12 +122,12 @@ Result<qcow2::SnapshotSelector> ParseLoadSnapshot(std::string_view text) {
       } else if (key == "snapshot.name") {
         sel.name = value;
       } else {
-        return Status::InvalidArgument("-l/--load-snapshot: unknown key '" + key +
+        return Status::InvalidArgument(std::string(flag) + ": unknown key '" + key +
                                        "' (expected snapshot.id= and/or snapshot.name=)");
       }
     }
     if (sel.empty())
-      return BadValue("-l/--load-snapshot", text, "a non-empty snapshot.id or snapshot.name");
+      return BadValue(flag, text, "a non-empty snapshot.id or snapshot.name");
     return sel;
   }
   sel.id_or_name = std::string(text);

@@ -49,8 +49,10 @@ Status CheckFilterOptions(const nbd::FilterOptions& filter);
 Result<uint64_t> ParseOffset(std::string_view text);
 
 // -l/--load-snapshot: "snapshot.id=ID,snapshot.name=NAME" (either or both)
-// or a bare ID_OR_NAME.
-Result<qcow2::SnapshotSelector> ParseLoadSnapshot(std::string_view text);
+// or a bare ID_OR_NAME. `flag` names the option in messages (convert has
+// only -l).
+Result<qcow2::SnapshotSelector> ParseLoadSnapshot(
+    std::string_view text, std::string_view flag = "-l/--load-snapshot");
 
 // --image-opts: FILE is a set of block options instead of a file name.
 // Understood (qemu's spellings): driver=qcow2|raw|vmdk|vpc|file,

@@ -96,6 +96,16 @@ TEST(ServeOptionsTest, LoadSnapshotSyntax) {
   auto junk = ParseLoadSnapshot("snapshot.id=1,size=2");
   ASSERT_FALSE(junk.has_value());
   EXPECT_NE(junk.error().message().find("'size'"), std::string::npos);
+  // "snapshot." starts the key form, as in qemu: an unknown key is refused,
+  // not taken for a name; convert's -l names itself.
+  auto unknown = ParseLoadSnapshot("snapshot.foo=1", "-l");
+  ASSERT_FALSE(unknown.has_value());
+  EXPECT_EQ(
+      unknown.error().message(),
+      "-l: unknown key 'snapshot.foo' (expected snapshot.id= and/or snapshot.name=)");
+  auto dotted = ParseLoadSnapshot("nightly.snapshot");
+  ASSERT_TRUE(dotted.has_value());
+  EXPECT_EQ(dotted->id_or_name, "nightly.snapshot");
 }
 
 TEST(ServeOptionsTest, ImageOptsKeys) {

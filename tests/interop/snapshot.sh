@@ -9,7 +9,11 @@
 #    qemu-img compare finds equal, with every snapshot applied;
 #  - deleting frees clusters: qemu-img check finds no leaks and the file
 #    does not grow across repeated create/overwrite/delete cycles;
-#  - the errors: duplicate and unknown names, raw images, an image in use.
+#  - convert -l copies a snapshot's content (by name, id, or both) as
+#    qemu-img convert -l does, into raw and qcow2, leaving the source as it
+#    was;
+#  - the errors: duplicate and unknown names, raw images, an image in use,
+#    and convert -l's.
 source "$(dirname "$0")/lib.sh"
 # qemu-nbd comes with qemu-img (qemu-utils, scripts/install-deps.sh): the
 # busy-image check below always runs.
@@ -138,6 +142,23 @@ for layout in default 64k compressed; do
     done
   done
 
+  log "layout $layout: convert -l copies a snapshot's content, as qemu-img convert -l"
+  before=$(md5sum <x.td)
+  for sel in s1 snapshot.name=s3 "snapshot.id=1" "snapshot.id=3,snapshot.name=s3"; do
+    for fmt in raw qcow2; do
+      rm -f l.td l.qemu
+      td convert -l "$sel" -O $fmt x.td l.td
+      ok "$QEMU_IMG" convert -l "$sel" -O $fmt x.td l.qemu
+      ok "$QEMU_IMG" compare -f $fmt -F $fmt l.td l.qemu
+      [[ $fmt == raw ]] || clean l.td
+    done
+  done
+  # s1 holds content a, not what was written after it.
+  td convert -l s1 -O qcow2 x.td l1.qcow2
+  read_a l1.qcow2
+  [[ $layout != compressed ]] || { td convert -c -l s1 -O qcow2 x.td lc.qcow2 && read_a lc.qcow2; }
+  [[ $(md5sum <x.td) == "$before" ]] || fail "convert -l changed its source image"
+
   log "layout $layout: delete frees clusters across cycles"
   new_image c.qcow2 $layout
   io_ok qemu-io c.qcow2 "write -P 0x11 0 8M"
@@ -163,6 +184,14 @@ for op in -a -d; do
 done
 ok "$QEMU_IMG" create -q -f raw r.raw 1M
 td_fails "does not support internal snapshots" "raw image" snapshot -c s r.raw
+td_fails "no snapshot 'nope'" "convert -l of an unknown snapshot" convert -l nope e.qcow2 e.out
+td_fails "no snapshot id '2' name 'dup'" "convert -l, an id and a name of two snapshots" \
+  convert -l snapshot.id=2,snapshot.name=dup e.qcow2 e.out
+td_fails "unknown key 'snapshot.size'" "convert -l, a bad key" convert -l snapshot.size=1 e.qcow2 e.out
+td_fails "internal snapshots need a qcow2 image" "convert -l of a raw image" convert -l s r.raw e.out
+td_fails "--bitmaps cannot be combined with -l" "convert -l --bitmaps" \
+  convert --bitmaps -O qcow2 -l dup e.qcow2 e.out
+[[ ! -e e.out ]] || fail "a refused convert -l left its destination"
 td_fails "" "no operation given" snapshot e.qcow2
 clean e.qcow2
 
