@@ -115,7 +115,8 @@ class ServeCommand final : public Subcommand {
     sub->add_flag("-n,--nocache", nocache_, "Same as --cache=none");
     sub->add_option("--cache", cache_,
                     "Host cache: writeback, none (O_DIRECT), writethrough (writes durable before "
-                    "the reply), directsync (both), unsafe (no flushes)");
+                    "the reply), directsync (both), unsafe (no flushes); none and directsync "
+                    "also turn off a rados:// image's write-back (docs/rados.md)");
     sub->add_option("--aio", aio_,
                     "I/O engine: threads (default); io_uring and native are accepted and run "
                     "on threads, our fastest path here (docs/performance.md)");
