@@ -394,6 +394,32 @@ TEST_F(ThindiskQcow2Test, CreateDefaultsPassQemuCheck) {
   EXPECT_EQ(o["backing-filename"], "d.qcow2");
 }
 
+// A qcow2 size is a sector count: qemu-img create and convert round a size
+// that is not a multiple of 512 up, and so does thindisk.
+TEST_F(ThindiskQcow2Test, OddSizesRoundUpToSectorsAsQemuImg) {
+  REQUIRE_QEMU_IMG();
+  ASSERT_EQ(Run({"create", "-q", "-f", "qcow2", Path("odd.qcow2"), "1001"}), 0);
+  ASSERT_EQ(Sh("qemu-img create -q -f qcow2 odd.qemu 1001"), 0);
+  auto virtual_size = [&](const char* image) {
+    return ShOut("qemu-img info --output=json " + std::string(image) +
+                 " | jq '.[\"virtual-size\"]'");
+  };
+  EXPECT_EQ(virtual_size("odd.qcow2"), "1024\n");
+  EXPECT_EQ(virtual_size("odd.qcow2"), virtual_size("odd.qemu"));
+  EXPECT_EQ(Sh("qemu-img check odd.qcow2"), 0);
+  // A 1001-byte raw source converts into a 1024-byte qcow2 holding its
+  // bytes, then zeros.
+  ASSERT_EQ(Sh("head -c 1001 /dev/urandom > odd.raw && cp odd.raw padded.raw && "
+               "truncate -s 1024 padded.raw"),
+            0);
+  ASSERT_EQ(Run({"convert", "-q", "-f", "raw", "-O", "qcow2", Path("odd.raw"),
+                 Path("copy.qcow2")}),
+            0);
+  EXPECT_EQ(virtual_size("copy.qcow2"), "1024\n");
+  EXPECT_EQ(Sh("qemu-img compare -f raw -F qcow2 padded.raw copy.qcow2"), 0);
+  EXPECT_EQ(Sh("qemu-img check copy.qcow2"), 0);
+}
+
 TEST_F(ThindiskQcow2Test, FailedCreateLeavesNoFile) {
   ASSERT_NE(Run({"create", "-q", "-o", "cluster_size=3", Path("bad.qcow2"), "1M"}), 0);
   EXPECT_FALSE(fs::exists(Path("bad.qcow2")));

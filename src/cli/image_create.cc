@@ -16,13 +16,22 @@
 namespace thindisk::cli {
 namespace {
 
-Status WriteImage(io::Storage& storage, const CreatePlan& plan, std::string* warning) {
-  if (plan.format == "raw") return raw::CreateRaw(storage, plan.size, plan.raw_prealloc, warning);
+// The qcow2 image a plan makes. Its size is rounded up to whole 512-byte
+// sectors, as qemu-img create and convert round it (a qcow2 virtual size
+// is a sector count): a 1001-byte request, or the copy of a 1001-byte raw
+// source, makes a 1024-byte image whose tail reads as zeros.
+qcow2::CreateOptions Qcow2Options(const CreatePlan& plan) {
   qcow2::CreateOptions q = plan.qcow2;
-  q.size = plan.size;
+  q.size = plan.size > UINT64_MAX - 511 ? plan.size : (plan.size + 511) / 512 * 512;
   q.backing_file = plan.backing_file;
   q.backing_format = plan.backing_format;
-  return qcow2::Create(storage, q, warning);
+  return q;
+}
+
+Status WriteImage(io::Storage& storage, const CreatePlan& plan, std::string* warning) {
+  if (plan.format == "raw")
+    return raw::CreateRaw(storage, plan.size, plan.raw_prealloc, warning);
+  return qcow2::Create(storage, Qcow2Options(plan), warning);
 }
 
 Result<raw::RawPrealloc> ParseRawPrealloc(const std::string& v) {
@@ -226,10 +235,7 @@ Status CreateOnExport(const std::string& uri, const CreatePlan& plan, block::Dev
     TD_RETURN_IF_ERROR(store->PunchHole(0, plan.size));
     return store->Flush();
   }
-  qcow2::CreateOptions q = plan.qcow2;
-  q.size = plan.size;
-  q.backing_file = plan.backing_file;
-  q.backing_format = plan.backing_format;
+  const qcow2::CreateOptions q = Qcow2Options(plan);
   TD_ASSIGN_OR_RETURN(uint64_t full, qcow2::FullyAllocatedSize(q));
   if (capacity < full) {
     TD_ASSIGN_OR_RETURN(qcow2::MeasureResult m, qcow2::Measure(src, q));
