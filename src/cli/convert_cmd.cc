@@ -16,6 +16,11 @@
 // -S sets the zero grain as qemu-img's does; -S 0 writes every byte, so a
 // raw output has no holes and a qcow2 one every cluster allocated.
 //
+// --salvage copies on past source read errors, as qemu-img convert
+// --salvage does: what cannot be read (down to 512-byte sectors) is written
+// as zeros, each range named in a warning (not with -q); the exit status
+// is 0 when everything else succeeded.
+//
 // -l converts an internal snapshot of a qcow2 source instead of its active
 // content, named as qemu-img convert -l names one (snapshot.id=,
 // snapshot.name=, or a bare id or name).
@@ -102,6 +107,10 @@ class ConvertCommand final : public Subcommand {
                   "Copy the persistent bitmaps of a qcow2 source into the qcow2 destination");
     sub->add_flag("--skip-broken-bitmaps", skip_broken_bitmaps_,
                   "With --bitmaps: skip inconsistent (in_use) bitmaps instead of failing");
+    sub->add_flag(
+        "--salvage", salvage_,
+        "Copy on past source read errors: what cannot be read, down to 512-byte "
+        "sectors, is written as zeros and listed as a warning");
     sub->add_flag("-n", no_create_,
                   "Write into the existing destination (opened as -O, raw by default): no "
                   "create, every byte written, zeros included; it must be at least as large");
@@ -214,6 +223,22 @@ class ConvertCommand final : public Subcommand {
     return Status::Ok();
   }
 
+  // --salvage's account: one line per unreadable range, then the total.
+  void WarnUnreadable(const CopyReport& report) const {
+    uint64_t total = 0;
+    for (const UnreadableRange& r : report.unreadable) {
+      PrintWarning("could not read bytes " + std::to_string(r.offset) + "-" +
+                   std::to_string(r.offset + r.length - 1) + " of " + src_file_ + " (" +
+                   r.error + "): written as zeros");
+      total += r.length;
+    }
+    if (total != 0) {
+      PrintWarning(std::to_string(total) + " bytes in " +
+                   std::to_string(report.unreadable.size()) +
+                   " range(s) could not be read and were written as zeros");
+    }
+  }
+
   // --bitmaps on the source: it must be able to hold bitmaps, and each must
   // be consistent unless --skip-broken-bitmaps; keeps the list for Copy.
   Status CheckSourceBitmaps(block::Device& src) {
@@ -298,11 +323,15 @@ class ConvertCommand final : public Subcommand {
     Progress progress(progress_ && !quiet_);
     BackgroundWriteback writeback(dst_file_);
     progress.Update(0, src.size());
-    const CopyOptions copy{target, sparse_};
-    TD_RETURN_IF_ERROR(compress_ ? CopyCompressed(src, *dst, copy, progress, &writeback)
-                                 : CopyPlain(src, *dst, copy, progress, &writeback));
+    CopyOptions copy{target, sparse_};
+    copy.salvage = salvage_;
+    CopyReport report;
+    TD_RETURN_IF_ERROR(
+        compress_ ? CopyCompressed(src, *dst, copy, progress, &writeback, &report)
+                  : CopyPlain(src, *dst, copy, progress, &writeback, &report));
     progress.Update(src.size(), src.size());
     progress.Finish();
+    if (!quiet_) WarnUnreadable(report);
     Status written_back = writeback.Finish();
     if (bitmaps_ && written_back.ok()) {
       auto* image = dynamic_cast<qcow2::Image*>(dst.get());
@@ -327,6 +356,7 @@ class ConvertCommand final : public Subcommand {
   bool skip_broken_bitmaps_ = false;
   bool no_create_ = false;
   bool target_is_zero_ = false;
+  bool salvage_ = false;
   static constexpr uint64_t kMaxSparse = uint64_t(16) << 20;
   std::string sparse_text_;                 // -S as given
   uint64_t sparse_ = CopyOptions{}.sparse;  // -S

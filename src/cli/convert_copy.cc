@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -32,6 +33,8 @@ constexpr size_t kCopyReaders = 8;
 // machine's CPUs, at most kMaxCompressThreads (ForEachRun).
 constexpr uint64_t kCompressRun = 16;
 constexpr size_t kMaxCompressThreads = 8;
+// --salvage reads a failed range again down to this many bytes.
+constexpr uint64_t kSalvageSector = 512;
 
 class Converter {
  public:
@@ -42,9 +45,30 @@ class Converter {
         dst_(dst),
         target_(options.target),
         sparse_(options.sparse),
+        salvage_(options.salvage),
         run_bytes_(std::max(kCopyChunk, options.sparse)),
         progress_(progress),
         writeback_(writeback) {}
+
+  // The unreadable ranges --salvage met, sorted, touching ones with the
+  // same error merged.
+  std::vector<UnreadableRange> Unreadable() {
+    std::lock_guard<std::mutex> lock(unreadable_mu_);
+    std::sort(unreadable_.begin(), unreadable_.end(),
+              [](const UnreadableRange& a, const UnreadableRange& b) {
+                return a.offset < b.offset;
+              });
+    std::vector<UnreadableRange> merged;
+    for (UnreadableRange& r : unreadable_) {
+      if (!merged.empty() && merged.back().offset + merged.back().length == r.offset &&
+          merged.back().error == r.error) {
+        merged.back().length += r.length;
+      } else {
+        merged.push_back(std::move(r));
+      }
+    }
+    return merged;
+  }
 
   Status CopyPlain() {
     const uint64_t size = src_.size();
@@ -193,7 +217,7 @@ class Converter {
     run.data_bytes = 0;
     run.data.resize(end - begin);
     for (uint64_t offset = begin; offset < end;) {
-      TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, end - offset));
+      TD_ASSIGN_OR_RETURN(block::Extent e, Status_(offset, end - offset));
       if (e.length == 0) return Status::Internal("block status returned an empty extent");
       const uint64_t n = std::min(e.length, end - offset);
       Piece p{offset, n, Piece::Kind::kData};
@@ -202,7 +226,7 @@ class Converter {
       } else if (ZeroWithoutData(e)) {
         p.kind = Piece::Kind::kZero;  // hides the target's backing file or old data
       } else {
-        TD_RETURN_IF_ERROR(src_.Read(offset, std::span(run.data).subspan(offset - begin, n)));
+        TD_RETURN_IF_ERROR(Read(offset, std::span(run.data).subspan(offset - begin, n)));
         run.data_bytes += n;
       }
       run.pieces.push_back(p);
@@ -228,7 +252,7 @@ class Converter {
                        std::vector<uint8_t>& buf) {
     while (offset < end) {
       uint64_t n = std::min(cluster, end - offset);
-      TD_ASSIGN_OR_RETURN(block::Extent e, src_.GetStatus(offset, end - offset));
+      TD_ASSIGN_OR_RETURN(block::Extent e, Status_(offset, end - offset));
       const bool skip = SkipExtent(e);
       if (e.length >= n && (skip || ZeroWithoutData(e))) {
         // Every whole cluster the extent covers at once: skipped, or zeroed
@@ -240,7 +264,7 @@ class Converter {
         continue;
       }
       std::span<uint8_t> data(buf.data(), n);
-      TD_RETURN_IF_ERROR(src_.Read(offset, data));
+      TD_RETURN_IF_ERROR(Read(offset, data));
       if (sparse_ != 0 && IsAllZero(data.data(), n)) {
         if (target_ != Target::kZero) TD_RETURN_IF_ERROR(dst_.WriteZeroes(offset, n));
       } else {
@@ -249,6 +273,46 @@ class Converter {
       offset += n;
     }
     return Status::Ok();
+  }
+
+  // The source's block status at `offset`. With --salvage a failure is
+  // not the end: the rest of the request is taken for data, which Read
+  // then salvages what it can of.
+  Result<block::Extent> Status_(uint64_t offset, uint64_t length) {
+    Result<block::Extent> e = src_.GetStatus(offset, length);
+    if (e || !salvage_) return e;
+    block::Extent data;
+    data.offset = offset;
+    data.length = length;
+    data.present = true;
+    return data;
+  }
+
+  // Reads `buf` at `offset` from the source. With --salvage a failed read
+  // is tried again in halves (on 512-byte boundaries) down to single
+  // sectors, so one bad sector costs about two reads per halving; a sector
+  // that still fails reads as zeros and is recorded.
+  Status Read(uint64_t offset, std::span<uint8_t> buf) {
+    Status s = src_.Read(offset, buf);
+    if (s.ok() || !salvage_ || buf.empty()) return s;
+    const uint64_t end = offset + buf.size();
+    const uint64_t first_boundary = (offset / kSalvageSector + 1) * kSalvageSector;
+    if (first_boundary >= end) {  // within one sector: lost
+      std::fill(buf.begin(), buf.end(), uint8_t{0});
+      std::lock_guard<std::mutex> lock(unreadable_mu_);
+      // The errno's text when there is one, so neighbours merge: the
+      // message names each request's offset.
+      unreadable_.push_back(
+          {offset, buf.size(),
+           s.error_number() != 0 ? std::strerror(s.error_number()) : s.message()});
+      return Status::Ok();
+    }
+    // The sector boundary nearest the middle, strictly inside the range.
+    const uint64_t mid =
+        std::clamp((offset + buf.size() / 2) / kSalvageSector * kSalvageSector,
+                   first_boundary, (end - 1) / kSalvageSector * kSalvageSector);
+    TD_RETURN_IF_ERROR(Read(offset, buf.first(mid - offset)));
+    return Read(mid, buf.subspan(mid - offset));
   }
 
   // Whether the extent needs no write at all. A target that reads as zeros
@@ -300,21 +364,31 @@ class Converter {
   block::Device& dst_;
   const Target target_;
   const uint64_t sparse_;     // -S: the zero grain; 0 writes every byte
+  const bool salvage_;        // --salvage
   const uint64_t run_bytes_;  // what one reader fetches: a chunk, or a grain if larger
   Progress& progress_;
   BackgroundWriteback* writeback_;
+  std::mutex unreadable_mu_;
+  std::vector<UnreadableRange> unreadable_;  // guarded by unreadable_mu_
 };
 
 }  // namespace
 
 Status CopyPlain(block::Device& src, block::Device& dst, const CopyOptions& options,
-                 Progress& progress, BackgroundWriteback* writeback) {
-  return Converter(src, dst, options, progress, writeback).CopyPlain();
+                 Progress& progress, BackgroundWriteback* writeback, CopyReport* report) {
+  Converter converter(src, dst, options, progress, writeback);
+  Status s = converter.CopyPlain();
+  if (report != nullptr) report->unreadable = converter.Unreadable();
+  return s;
 }
 
 Status CopyCompressed(block::Device& src, block::Device& dst, const CopyOptions& options,
-                      Progress& progress, BackgroundWriteback* writeback) {
-  return Converter(src, dst, options, progress, writeback).CopyCompressed();
+                      Progress& progress, BackgroundWriteback* writeback,
+                      CopyReport* report) {
+  Converter converter(src, dst, options, progress, writeback);
+  Status s = converter.CopyCompressed();
+  if (report != nullptr) report->unreadable = converter.Unreadable();
+  return s;
 }
 
 }  // namespace thindisk::cli

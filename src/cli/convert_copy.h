@@ -3,6 +3,9 @@
 // (cli/convert_cmd.cc opens both and says what the target holds).
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "block/device.h"
 #include "cli/common.h"
 #include "cli/writeback.h"
@@ -25,6 +28,23 @@ enum class Target {
 struct CopyOptions {
   Target target = Target::kZero;
   uint64_t sparse = 4096;  // qcow2::kConvertSparseGrain
+  // qemu-img convert --salvage: a source read (or block status) that fails
+  // does not stop the copy. The failed range is read again in halves down
+  // to 512-byte sectors; what still fails is written as zeros and listed
+  // in `unreadable`.
+  bool salvage = false;
+};
+
+// A source range --salvage could not read (written as zeros), and why.
+struct UnreadableRange {
+  uint64_t offset = 0, length = 0;
+  std::string error;
+};
+
+// What a copy found: the unreadable ranges, in order, neighbours with the
+// same error merged.
+struct CopyReport {
+  std::vector<UnreadableRange> unreadable;
 };
 
 // Copies `src` into `dst` (at least as large) in guest order: 8 readers
@@ -32,12 +52,14 @@ struct CopyOptions {
 // them in order. `progress` is drawn and `writeback` (optional) told what
 // each run wrote.
 Status CopyPlain(block::Device& src, block::Device& dst, const CopyOptions& options,
-                 Progress& progress, BackgroundWriteback* writeback);
+                 Progress& progress, BackgroundWriteback* writeback,
+                 CopyReport* report = nullptr);
 
 // The same into a qcow2 `dst` as compressed clusters, on up to 8 threads
 // (zero clusters are skipped, or with sparse 0 written compressed too);
 // InvalidArgument when `dst` is not qcow2.
 Status CopyCompressed(block::Device& src, block::Device& dst, const CopyOptions& options,
-                      Progress& progress, BackgroundWriteback* writeback);
+                      Progress& progress, BackgroundWriteback* writeback,
+                      CopyReport* report = nullptr);
 
 }  // namespace thindisk::cli
