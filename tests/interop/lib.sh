@@ -119,13 +119,16 @@ qcow2_opts() {
 
 # assert_info_agrees IMAGE [OPTION...]: `qemu-img info` and `thindisk info`
 # (JSON, both given the same OPTIONs, e.g. -f vpc) must give the same value
-# for every field both report (leaf by leaf). The file is synced first:
-# qemu-img convert writes its target in cache mode unsafe (no fsync), and
-# while the kernel's delayed allocation is still settling, its allocated
-# size (actual-size) can move by a block between the two reads.
+# for every field both report (leaf by leaf). Its file system is synced
+# first (syncfs): qemu-img convert writes its target in cache mode unsafe
+# (no fsync), and while the kernel's delayed allocation is still settling,
+# the allocated size (actual-size) can move by a block between the two
+# reads. The whole file system, not the one file: an image's actual-size
+# may add up several files (a monolithicFlat vmdk's descriptor and extent;
+# flat.vmdk moved by 4 KiB once with only the descriptor synced).
 assert_info_agrees() {
   local img=$1
-  sync -- "$img"
+  sync -f -- "$img"
   ok "$QEMU_IMG" info "${@:2}" --output=json "$img"
   cp "$OUT" "$TMP/.qemu-info.json"
   td info "${@:2}" --output=json "$img"
