@@ -173,14 +173,14 @@ osd data = $DIR/osd/\$name
 osd objectstore = memstore
 memstore device bytes = ${CEPH_CLUSTER_MEMSTORE_BYTES:-4294967296}
 # The osd's fill from the placement groups' byte counts, not from
-# memstore's own counter: that one is updated without a lock by
-# transactions of different placement groups at once (16.2.15), so it
-# drifts, and once below zero the osd reads itself as over 100% full,
-# engages its failsafe and drops every write while still serving reads
-# (its log: "full status failsafe engaged, dropping updates, now
-# -2147483648% full"). Three rounds of "rados bench 5 write -t 32 -b 4096"
-# and a cleanup took it there here; a landing CI's TSan RADOS suite hung
-# on it.
+# memstore's own counter: under concurrent transactions of different
+# placement groups that one drifts (16.2.15: 16373, then 4085 bytes with
+# an empty pool, then below zero), and once below zero the osd reads
+# itself as over 100% full, engages its failsafe and drops every write
+# while still serving reads (its log: "full status failsafe engaged,
+# dropping updates, now -2147483648% full"). Three rounds of "rados bench
+# 5 write -t 32 -b 4096" and a cleanup took it there here; a landing CI's
+# TSan RADOS suite hung on it.
 fake statfs for testing = ${CEPH_CLUSTER_MEMSTORE_BYTES:-4294967296}
 osd journal size = 0
 EOF

@@ -51,8 +51,8 @@ class Converter {
         writeback_(writeback) {}
 
   // The unreadable ranges --salvage met, sorted, touching ones with the
-  // same error merged.
-  std::vector<UnreadableRange> Unreadable() {
+  // same error merged; taken once, after the copy.
+  std::vector<UnreadableRange> TakeUnreadable() {
     std::lock_guard<std::mutex> lock(unreadable_mu_);
     std::sort(unreadable_.begin(), unreadable_.end(),
               [](const UnreadableRange& a, const UnreadableRange& b) {
@@ -217,7 +217,7 @@ class Converter {
     run.data_bytes = 0;
     run.data.resize(end - begin);
     for (uint64_t offset = begin; offset < end;) {
-      TD_ASSIGN_OR_RETURN(block::Extent e, Status_(offset, end - offset));
+      TD_ASSIGN_OR_RETURN(block::Extent e, BlockStatus(offset, end - offset));
       if (e.length == 0) return Status::Internal("block status returned an empty extent");
       const uint64_t n = std::min(e.length, end - offset);
       Piece p{offset, n, Piece::Kind::kData};
@@ -252,7 +252,7 @@ class Converter {
                        std::vector<uint8_t>& buf) {
     while (offset < end) {
       uint64_t n = std::min(cluster, end - offset);
-      TD_ASSIGN_OR_RETURN(block::Extent e, Status_(offset, end - offset));
+      TD_ASSIGN_OR_RETURN(block::Extent e, BlockStatus(offset, end - offset));
       const bool skip = SkipExtent(e);
       if (e.length >= n && (skip || ZeroWithoutData(e))) {
         // Every whole cluster the extent covers at once: skipped, or zeroed
@@ -278,7 +278,7 @@ class Converter {
   // The source's block status at `offset`. With --salvage a failure is
   // not the end: the rest of the request is taken for data, which Read
   // then salvages what it can of.
-  Result<block::Extent> Status_(uint64_t offset, uint64_t length) {
+  Result<block::Extent> BlockStatus(uint64_t offset, uint64_t length) {
     Result<block::Extent> e = src_.GetStatus(offset, length);
     if (e || !salvage_) return e;
     block::Extent data;
@@ -372,23 +372,28 @@ class Converter {
   std::vector<UnreadableRange> unreadable_;  // guarded by unreadable_mu_
 };
 
+// Runs one of the Converter's copies and fills `report` (optional).
+Status RunCopy(Status (Converter::*copy)(), block::Device& src, block::Device& dst,
+               const CopyOptions& options, Progress& progress,
+               BackgroundWriteback* writeback, CopyReport* report) {
+  Converter converter(src, dst, options, progress, writeback);
+  Status s = (converter.*copy)();
+  if (report != nullptr) report->unreadable = converter.TakeUnreadable();
+  return s;
+}
+
 }  // namespace
 
 Status CopyPlain(block::Device& src, block::Device& dst, const CopyOptions& options,
                  Progress& progress, BackgroundWriteback* writeback, CopyReport* report) {
-  Converter converter(src, dst, options, progress, writeback);
-  Status s = converter.CopyPlain();
-  if (report != nullptr) report->unreadable = converter.Unreadable();
-  return s;
+  return RunCopy(&Converter::CopyPlain, src, dst, options, progress, writeback, report);
 }
 
 Status CopyCompressed(block::Device& src, block::Device& dst, const CopyOptions& options,
                       Progress& progress, BackgroundWriteback* writeback,
                       CopyReport* report) {
-  Converter converter(src, dst, options, progress, writeback);
-  Status s = converter.CopyCompressed();
-  if (report != nullptr) report->unreadable = converter.Unreadable();
-  return s;
+  return RunCopy(&Converter::CopyCompressed, src, dst, options, progress, writeback,
+                 report);
 }
 
 }  // namespace thindisk::cli
