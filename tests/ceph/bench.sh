@@ -16,12 +16,12 @@
 # Needs the test cluster (CEPH_CONF; ctest starts it: tests/ceph/fixture.sh).
 # shellcheck source=../interop/lib.sh source-path=SCRIPTDIR
 source "$(dirname "$0")/../interop/lib.sh"
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
 require_thindisk
 require_tool "$QEMU_IMG" rados jq
-[[ ,${THINDISK_TEST_DENY:-}, != *,ceph,* ]] || skip_or_fail "ceph denied by THINDISK_TEST_DENY"
-[[ -n ${CEPH_CONF:-} && -r ${CEPH_CONF:-} ]] ||
-  skip_or_fail "no test cluster: CEPH_CONF='${CEPH_CONF:-}' (ctest -R rados starts one)"
+require_test_cluster
 
 POOL=thindisk
 SHORT=(--size 1M --ops 64 --qd 4 -q --output json)

@@ -56,9 +56,7 @@ source "$(dirname "$0")/lib.sh"
 
 require_tool qemu-img rados jq ceph ceph-mon ceph-osd monmaptool
 require_client CRASH_CLIENT
-[[ ,${THINDISK_TEST_DENY:-}, != *,ceph,* ]] || skip_or_fail "ceph denied by THINDISK_TEST_DENY"
-[[ -n ${CEPH_CONF:-} && -r ${CEPH_CONF:-} ]] ||
-  skip_or_fail "no test cluster: CEPH_CONF='${CEPH_CONF:-}' (ctest -R rados starts one)"
+require_test_cluster
 CLUSTER=$SERVE_DIR/../../scripts/ceph-cluster.sh
 
 random_seed
@@ -79,10 +77,11 @@ ZONES="0+$M,$((G - M / 2))+$M,$((2 * G + 300 * K))+$M,$((3 * G + 3 * M))+$M,$((S
 # a failure left it paused.
 OWN_DIR='' PAUSED=''
 faults_cleanup() {
+  local status=$?
   kill_servers
   [[ -z $PAUSED ]] || kill -CONT "$PAUSED" 2>/dev/null || true
   [[ -z $OWN_DIR ]] || bash "$CLUSTER" stop "$OWN_DIR" >/dev/null 2>&1 || true
-  cleanup
+  cleanup "$status"
 }
 trap faults_cleanup EXIT
 

@@ -19,9 +19,7 @@ source "$(dirname "$0")/../serve/lib.sh"
 source "$SERVE_DIR/../ceph/lib.sh"
 
 require_tool qemu-img qemu-nbd rados fio fstrim jq
-[[ ,${THINDISK_TEST_DENY:-}, != *,ceph,* ]] || skip_or_fail "ceph denied by THINDISK_TEST_DENY"
-[[ -n ${CEPH_CONF:-} && -r ${CEPH_CONF:-} ]] ||
-  skip_or_fail "no test cluster: CEPH_CONF='${CEPH_CONF:-}' (ctest -R rados starts one)"
+require_test_cluster
 # shellcheck source=../serve/fs_lib.sh
 source "$SERVE_DIR/fs_lib.sh"
 

@@ -26,9 +26,7 @@ source "$INTEROP_DIR/../lib/module.sh"
 
 require_thindisk
 require_tool "$QEMU_IMG" ldd rados cc
-[[ ,${THINDISK_TEST_DENY:-}, != *,ceph,* ]] || skip_or_fail "ceph denied by THINDISK_TEST_DENY"
-[[ -n ${CEPH_CONF:-} && -r ${CEPH_CONF:-} ]] ||
-  skip_or_fail "no test cluster: CEPH_CONF='${CEPH_CONF:-}' (ctest -R rados starts one)"
+require_test_cluster
 
 POOL=thindisk
 TAG=m$$

@@ -11,12 +11,12 @@
 #      write-zeroes are what `rbd export` reads back.
 #   4. one writer (the exclusive-lock feature); errors.
 source "$(dirname "$0")/../interop/lib.sh"
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
 require_thindisk
 require_tool "$QEMU_IMG" "$QEMU_IO" rbd rados nbdinfo jq
-[[ ,${THINDISK_TEST_DENY:-}, != *,ceph,* ]] || skip_or_fail "ceph denied by THINDISK_TEST_DENY"
-[[ -n ${CEPH_CONF:-} && -r ${CEPH_CONF:-} ]] ||
-  skip_or_fail "no test cluster: CEPH_CONF='${CEPH_CONF:-}' (ctest -R rados starts one)"
+require_test_cluster
 
 POOL=thindisk
 TAG=r$$

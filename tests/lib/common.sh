@@ -66,9 +66,20 @@ kill_servers() {
   for p in "${SERVER_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
 }
 
-# cleanup: the EXIT trap. A script that needs more (an unmount) sets its own
-# trap that does its part and then calls cleanup.
+# Functions the exit cleanup calls first when the script fails (any exit
+# status but 0 and 77), e.g. tests/ceph/lib.sh's probe of the shared test
+# cluster. Each is bounded; what it returns is ignored.
+FAILURE_HOOKS=()
+
+# cleanup [STATUS]: the EXIT trap; STATUS is the script's exit status ($?
+# when the trap calls it directly). A script that needs more (an unmount)
+# sets its own trap that keeps $?, does its part and then calls cleanup with
+# that status.
 cleanup() {
+  local status=${1:-$?} hook
+  if [[ $status != 0 && $status != 77 ]]; then
+    for hook in "${FAILURE_HOOKS[@]}"; do "$hook" || true; done
+  fi
   kill_servers
   cd /
   rm -rf "$TMP"

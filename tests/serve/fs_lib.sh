@@ -39,7 +39,12 @@ unmount_all() {
   if mounted fuse; then umount fuse 2>/dev/null || umount -l fuse; fi
   return 0
 }
-trap 'unmount_all; cleanup' EXIT
+fs_cleanup() {
+  local status=$?
+  unmount_all
+  cleanup "$status"
+}
+trap fs_cleanup EXIT
 mkdir fuse mnt
 
 # attach URI [ro]: the export as /dev/loopN ($LOOP), through nbdfuse.

@@ -36,9 +36,9 @@
 source "$(dirname "$0")/lib.sh"
 require_tool qemu-io qemu-img nbdcopy
 if [[ -n ${RANDOM_OPS_POOL:-} ]]; then
-  [[ ,${THINDISK_TEST_DENY:-}, != *,ceph,* ]] || skip_or_fail "ceph denied by THINDISK_TEST_DENY"
-  [[ -n ${CEPH_CONF:-} && -r ${CEPH_CONF:-} ]] ||
-    skip_or_fail "no test cluster: CEPH_CONF='${CEPH_CONF:-}' (ctest -R rados starts one)"
+  # shellcheck source=../ceph/lib.sh
+  source "$(dirname "$0")/../ceph/lib.sh"
+  require_test_cluster
 fi
 
 random_seed
