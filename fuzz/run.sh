@@ -13,7 +13,7 @@ root="$(dirname "$here")"
 secs="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(qcow2_open_fuzz nbd_session_fuzz)
+[ ${#targets[@]} -eq 0 ] && targets=(qcow2_open_fuzz nbd_session_fuzz import_image_fuzz)
 build="$root/build-fuzz"
 
 cc="$(command -v clang-14 || command -v clang)"
