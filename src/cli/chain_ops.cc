@@ -57,8 +57,9 @@ Result<std::vector<StoredRange>> RangesAbove(block::Device& top, uint32_t depth)
   return ranges;
 }
 
-Status CopyRanges(block::Device& src, block::Device& dst, const std::vector<StoredRange>& ranges,
-                  Progress& progress) {
+Status CopyRanges(block::Device& src, block::Device& dst,
+                  const std::vector<StoredRange>& ranges, Progress& progress,
+                  RateLimit* rate_limit) {
   uint64_t total = 0;
   for (const StoredRange& r : ranges) total += r.length;
   uint64_t done = 0;
@@ -74,6 +75,7 @@ Status CopyRanges(block::Device& src, block::Device& dst, const std::vector<Stor
     for (uint64_t pos = r.offset; pos < r.offset + r.length;) {
       uint64_t n = std::min(kChainChunk, r.offset + r.length - pos);
       buf.resize(n);
+      if (rate_limit != nullptr) rate_limit->Take(n);
       TD_RETURN_IF_ERROR(src.Read(pos, buf));
       TD_RETURN_IF_ERROR(dst.Write(pos, buf));
       pos += n;
@@ -86,7 +88,7 @@ Status CopyRanges(block::Device& src, block::Device& dst, const std::vector<Stor
 }
 
 Status CommitInto(block::Device& top, block::Device& base, uint32_t depth, bool empty_top,
-                  Progress& progress) {
+                  Progress& progress, RateLimit* rate_limit) {
   auto* top_image = dynamic_cast<qcow2::Image*>(&top);
   if (empty_top && top_image == nullptr) {
     return Status::NotSupported(top.info().filename +
@@ -94,7 +96,7 @@ Status CommitInto(block::Device& top, block::Device& base, uint32_t depth, bool 
   }
   TD_ASSIGN_OR_RETURN(std::vector<StoredRange> ranges, RangesAbove(top, depth));
   if (base.size() < top.size()) TD_RETURN_IF_ERROR(base.Resize(top.size()));
-  TD_RETURN_IF_ERROR(CopyRanges(top, base, ranges, progress));
+  TD_RETURN_IF_ERROR(CopyRanges(top, base, ranges, progress, rate_limit));
   TD_RETURN_IF_ERROR(base.Flush());
   TD_RETURN_IF_ERROR(base.Close());
   if (empty_top) TD_RETURN_IF_ERROR(top_image->Deallocate(0, top_image->size()));

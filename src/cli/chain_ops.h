@@ -38,18 +38,20 @@ Result<std::vector<StoredRange>> RangesAbove(block::Device& top, uint32_t depth)
 
 // Copies `ranges` from `src` to `dst`: data is read from src and written,
 // zero ranges become WriteZeroes (no data written). Updates `progress` by
-// bytes handled out of the ranges' total.
-Status CopyRanges(block::Device& src, block::Device& dst, const std::vector<StoredRange>& ranges,
-                  Progress& progress);
+// bytes handled out of the ranges' total. With `rate_limit`, data is read
+// no faster than it allows (qemu-img commit -r).
+Status CopyRanges(block::Device& src, block::Device& dst,
+                  const std::vector<StoredRange>& ranges, Progress& progress,
+                  RateLimit* rate_limit = nullptr);
 
 // The work of `commit` once both images are open, in the order that makes
 // it crash safe: lists what layers 0 .. depth-1 of `top` store (before BASE
 // changes), copies it into `base` (grown to the top's size first), flushes
 // and closes `base`, and only then, with `empty_top`, makes the top's ranges
 // unallocated so they read through to BASE (`top` must then be a qcow2
-// image). A failure stops before the next step: the overlay is emptied only
-// once BASE holds its data durably.
+// image). `rate_limit` (optional) paces the copy, as in CopyRanges. A failure stops
+// before the next step: the overlay is emptied only once BASE holds its data durably.
 Status CommitInto(block::Device& top, block::Device& base, uint32_t depth, bool empty_top,
-                  Progress& progress);
+                  Progress& progress, RateLimit* rate_limit = nullptr);
 
 }  // namespace thindisk::cli

@@ -37,12 +37,17 @@ class CommitCommand final : public Subcommand {
     sub->add_flag("-d", drop_, "Leave the overlay as it is (do not empty it)");
     sub->add_flag("-p,--progress", progress_, "Show progress");
     sub->add_flag("-q,--quiet", quiet_, "Print nothing on success");
+    sub->add_option("-r", rate_limit_text_,
+                    "Read the overlay's data at most this many bytes per second (k, M, G "
+                    "suffixes); 0: no limit");
     sub->add_option("-t", cache_, "Cache mode (accepted for qemu-img compatibility)");
     sub->add_option("filename", filename_, "Overlay image")->required();
     return sub;
   }
 
   Result<Outcome> Run() override {
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<RateLimit> rate_limit,
+                        ParseRateLimit(rate_limit_text_));
     // 1. The chain, and which layer receives the data.
     TD_ASSIGN_OR_RETURN(std::vector<ImageSummary> chain, ReadBackingChain(filename_, format_));
     if (chain.size() < 2) {
@@ -79,8 +84,8 @@ class CommitCommand final : public Subcommand {
     // 3. List what the layers above BASE store, copy it into BASE, make BASE
     //    durable, and only then empty the overlay.
     Progress progress(progress_ && !quiet_);
-    TD_RETURN_IF_ERROR(
-        CommitInto(*top, *base, static_cast<uint32_t>(base_index), !drop_, progress));
+    TD_RETURN_IF_ERROR(CommitInto(*top, *base, static_cast<uint32_t>(base_index), !drop_,
+                                  progress, rate_limit.get()));
     TD_RETURN_IF_ERROR(top->Close());
     progress.Finish();
     if (!quiet_) std::printf("Image committed.\n");
@@ -94,6 +99,7 @@ class CommitCommand final : public Subcommand {
   bool progress_ = false;
   bool quiet_ = false;
   std::string cache_;
+  std::string rate_limit_text_;
   std::string filename_;
 };
 

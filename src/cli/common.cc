@@ -104,6 +104,19 @@ Result<uint64_t> ParseSize(std::string_view text) {
   return value;
 }
 
+Result<std::unique_ptr<RateLimit>> ParseRateLimit(const std::string& text) {
+  if (text.empty()) return std::unique_ptr<RateLimit>();
+  Result<uint64_t> rate = ParseSize(text);
+  if (!rate) {
+    return Status::InvalidArgument(fmt::format(
+        "invalid rate limit '{}': bytes per second, with an optional k, M, G, T, "
+        "P or E suffix (0: no limit)",
+        text));
+  }
+  if (*rate == 0) return std::unique_ptr<RateLimit>();
+  return std::make_unique<RateLimit>(*rate);
+}
+
 Result<OptionMap> ParseOptionString(std::string_view text) {
   OptionMap options;
   std::string item;

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "util/rate_limit.h"
 #include "util/result.h"
 #include "util/status.h"
 
@@ -50,6 +51,11 @@ void PrintWarning(std::string_view message);
 // without a suffix the number is bytes. "1.5G", "64k", "4096". Errors
 // (kInvalidArgument) name the text: negative, junk, overflow.
 Result<uint64_t> ParseSize(std::string_view text);
+
+// -r RATE_LIMIT of convert and commit, as qemu-img takes it: bytes per
+// second, written as a size ("10M" is 10 MiB/s); "" or 0 is no limit
+// (nullptr). kInvalidArgument naming the text otherwise.
+Result<std::unique_ptr<RateLimit>> ParseRateLimit(const std::string& text);
 
 // Parses qemu's "-o key=value,key=value" syntax; ",," is a literal comma in a
 // value. A key without '=' gets the value "on" (as qemu's QemuOpts do for

@@ -120,6 +120,9 @@ class ConvertCommand final : public Subcommand {
                     "Zero runs of this many bytes in the source's data are not written "
                     "(a multiple of 512 up to 16M; default 4k); 0 writes every byte, "
                     "zeros included: a fully allocated output");
+    sub->add_option("-r", rate_limit_text_,
+                    "Read the source's data at most this many bytes per second (k, M, G "
+                    "suffixes; holes and zeros cost nothing); 0: no limit");
     sub->add_option("-t", dst_cache_,
                     "Destination cache mode: writeback (default), none or directsync (O_DIRECT), "
                     "writethrough, unsafe");
@@ -143,6 +146,7 @@ class ConvertCommand final : public Subcommand {
     }
     TD_RETURN_IF_ERROR(CheckNoCreateOptions());
     TD_RETURN_IF_ERROR(ParseSparse());
+    TD_ASSIGN_OR_RETURN(rate_limit_, ParseRateLimit(rate_limit_text_));
     TD_ASSIGN_OR_RETURN(CacheChoice src_cache, ParseCacheMode(src_cache_, "-T"));
     TD_ASSIGN_OR_RETURN(dst_cache_choice_, ParseCacheMode(dst_cache_, "-t"));
     block::OpenOptions src_options;
@@ -325,6 +329,7 @@ class ConvertCommand final : public Subcommand {
     progress.Update(0, src.size());
     CopyOptions copy{target, sparse_};
     copy.salvage = salvage_;
+    copy.rate_limit = rate_limit_.get();
     CopyReport report;
     TD_RETURN_IF_ERROR(
         compress_ ? CopyCompressed(src, *dst, copy, progress, &writeback, &report)
@@ -359,6 +364,8 @@ class ConvertCommand final : public Subcommand {
   bool salvage_ = false;
   static constexpr uint64_t kMaxSparse = uint64_t(16) << 20;
   std::string sparse_text_;                 // -S as given
+  std::string rate_limit_text_;             // -r as given
+  std::unique_ptr<RateLimit> rate_limit_;   // -r; nullptr: no limit
   uint64_t sparse_ = CopyOptions{}.sparse;  // -S
   std::string dst_cache_ = "writeback";
   std::string src_cache_ = "writeback";

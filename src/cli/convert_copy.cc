@@ -46,6 +46,7 @@ class Converter {
         target_(options.target),
         sparse_(options.sparse),
         salvage_(options.salvage),
+        rate_limit_(options.rate_limit),
         run_bytes_(std::max(kCopyChunk, options.sparse)),
         progress_(progress),
         writeback_(writeback) {}
@@ -288,11 +289,17 @@ class Converter {
     return data;
   }
 
-  // Reads `buf` at `offset` from the source. With --salvage a failed read
-  // is tried again in halves (on 512-byte boundaries) down to single
-  // sectors, so one bad sector costs about two reads per halving; a sector
-  // that still fails reads as zeros and is recorded.
+  // Reads `buf` at `offset` from the source, once -r's rate allows.
   Status Read(uint64_t offset, std::span<uint8_t> buf) {
+    if (rate_limit_ != nullptr) rate_limit_->Take(buf.size());
+    return ReadSalvaging(offset, buf);
+  }
+
+  // With --salvage a failed read is tried again in halves (on 512-byte
+  // boundaries) down to single sectors, so one bad sector costs about two
+  // reads per halving; a sector that still fails reads as zeros and is
+  // recorded.
+  Status ReadSalvaging(uint64_t offset, std::span<uint8_t> buf) {
     Status s = src_.Read(offset, buf);
     if (s.ok() || !salvage_ || buf.empty()) return s;
     const uint64_t end = offset + buf.size();
@@ -311,8 +318,8 @@ class Converter {
     const uint64_t mid =
         std::clamp((offset + buf.size() / 2) / kSalvageSector * kSalvageSector,
                    first_boundary, (end - 1) / kSalvageSector * kSalvageSector);
-    TD_RETURN_IF_ERROR(Read(offset, buf.first(mid - offset)));
-    return Read(mid, buf.subspan(mid - offset));
+    TD_RETURN_IF_ERROR(ReadSalvaging(offset, buf.first(mid - offset)));
+    return ReadSalvaging(mid, buf.subspan(mid - offset));
   }
 
   // Whether the extent needs no write at all. A target that reads as zeros
@@ -365,6 +372,7 @@ class Converter {
   const Target target_;
   const uint64_t sparse_;     // -S: the zero grain; 0 writes every byte
   const bool salvage_;        // --salvage
+  RateLimit* rate_limit_;     // -r, or nullptr
   const uint64_t run_bytes_;  // what one reader fetches: a chunk, or a grain if larger
   Progress& progress_;
   BackgroundWriteback* writeback_;

@@ -33,6 +33,9 @@ struct CopyOptions {
   // to 512-byte sectors; what still fails is written as zeros and listed
   // in `unreadable`.
   bool salvage = false;
+  // qemu-img convert -r: the source's data is read at most this fast (holes
+  // and zero extents cost nothing); nullptr: no limit.
+  RateLimit* rate_limit = nullptr;
 };
 
 // A source range --salvage could not read (written as zeros), and why.
