@@ -1,12 +1,12 @@
 // thindisk check: qemu-img check, same report, same exit codes.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/serve_options.h"
 #include "qcow2/check.h"
 
 namespace thindisk::cli {
@@ -90,6 +90,9 @@ class CheckCommand final : public Subcommand {
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_flag("-q,--quiet", quiet_, "Print nothing when the image is clean");
     sub->add_flag("-U,--force-share", force_share_, "Read even while another process writes the image (ignores its lock)");
+    sub->add_option("-T", cache_,
+                    "Cache mode: writeback (default), none or directsync (O_DIRECT), "
+                    "writethrough, unsafe");
     sub->add_option("filename", filename_, "Image file")->required();
     return sub;
   }
@@ -109,7 +112,9 @@ class CheckCommand final : public Subcommand {
     if (force_share_ && mode != qcow2::RepairMode::kNone) {
       return Status::InvalidArgument("--force-share (-U) cannot be used with -r: repairs write");
     }
+    TD_ASSIGN_OR_RETURN(CacheChoice cache, ParseCacheMode(cache_, "-T"));
     io::OpenOptions io_options;
+    io_options.cache = cache.mode;
     io_options.read_only = mode == qcow2::RepairMode::kNone;
     io_options.lock = !io_options.read_only ? io::QemuLockMode::kWrite
                       : force_share_        ? io::QemuLockMode::kForceShare
@@ -142,6 +147,7 @@ class CheckCommand final : public Subcommand {
   std::string output_ = "human";
   bool quiet_ = false;
   bool force_share_ = false;
+  std::string cache_ = "writeback";  // -T
   std::string filename_;
 };
 

@@ -3,7 +3,6 @@
 // difference is a difference only if the larger image's tail holds non-zero
 // bytes (or with -s).
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -11,6 +10,7 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/serve_options.h"
 
 namespace thindisk::cli {
 namespace {
@@ -42,6 +42,9 @@ class CompareCommand final : public Subcommand {
     sub->add_flag("-q,--quiet", quiet_, "Print nothing, only set the exit status");
     sub->add_flag("-p,--progress", progress_, "Show progress");
     sub->add_flag("-U,--force-share", force_share_, "Read even while another process writes the image (ignores its lock)");
+    sub->add_option("-T", cache_,
+                    "Cache mode of both images: writeback (default), none or directsync "
+                    "(O_DIRECT), writethrough, unsafe");
     sub->add_option("image1", file1_, "First image")->required();
     sub->add_option("image2", file2_, "Second image")->required();
     return sub;
@@ -50,10 +53,12 @@ class CompareCommand final : public Subcommand {
   ErrorExit error_exit() const override { return ErrorExit::kTwo; }
 
   Result<Outcome> Run() override {
+    TD_ASSIGN_OR_RETURN(CacheChoice cache, ParseCacheMode(cache_, "-T"));
     block::OpenOptions o1;
     o1.format = format1_;
     o1.read_only = true;
     o1.force_share = force_share_;
+    o1.cache = cache.mode;
     block::OpenOptions o2 = o1;
     o2.format = format2_;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> a, block::Open(file1_, o1));
@@ -135,6 +140,7 @@ class CompareCommand final : public Subcommand {
   bool quiet_ = false;
   bool progress_ = false;
   bool force_share_ = false;
+  std::string cache_ = "writeback";  // -T
   std::string file1_;
   std::string file2_;
   std::vector<uint8_t> buf1_;
