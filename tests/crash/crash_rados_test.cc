@@ -74,7 +74,14 @@ std::string Reproduce(const CaseSpec& spec, const CaseResult& r) {
          r.failure + "\n";
 }
 
-TEST(CrashOverRados, EveryStepEveryFaultKeepsFlushedDataAndMetadata) {
+// After a failure, whether the cluster still answers: if not, the test says
+// so with the cluster's report and the later RADOS tests fail at once.
+class CrashOverRados : public ::testing::Test {
+ protected:
+  void TearDown() override { (void)io::rados_test::ClusterAnswersAfterFailure(); }
+};
+
+TEST_F(CrashOverRados, EveryStepEveryFaultKeepsFlushedDataAndMetadata) {
   TD_REQUIRE_CEPH();
   RunOptions opts;
   opts.make_base = FreshRadosImage;
