@@ -25,6 +25,7 @@ int RunThindisk(int argc, const char* const* argv) {
   commands.push_back(NewCheckCommand());
   commands.push_back(NewConvertCommand());
   commands.push_back(NewCompareCommand());
+  commands.push_back(NewDdCommand());
   commands.push_back(NewIoCommand());
   commands.push_back(NewServeCommand());
   commands.push_back(NewBenchCommand());

@@ -122,6 +122,7 @@ std::unique_ptr<Subcommand> NewCompactCommand();
 std::unique_ptr<Subcommand> NewRmCommand();
 std::unique_ptr<Subcommand> NewLsCommand();
 std::unique_ptr<Subcommand> NewLockCommand();
+std::unique_ptr<Subcommand> NewDdCommand();
 
 // Builds the whole `thindisk` app and runs it on argv; returns the exit code.
 // Used by main() and by tests.

@@ -172,7 +172,7 @@ class InfoCommand final : public Subcommand {
  public:
   CLI::App* Register(CLI::App& app) override {
     CLI::App* sub = app.add_subcommand("info", "Show what an image is: format, sizes, backing file");
-    sub->add_option("-f,--format", format_, "Image format (qcow2 or raw; default: probe)");
+    sub->add_option("-f,--format", format_, "Image format (default: probe)");
     sub->add_option("--output", output_, "Output format: human or json")
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_flag("--backing-chain", backing_chain_, "Show every image of the backing chain");
