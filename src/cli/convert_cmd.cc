@@ -25,18 +25,25 @@
 // content, named as qemu-img convert -l names one (snapshot.id=,
 // snapshot.name=, or a bare id or name).
 //
+// Several sources are copied one after another into the one target, as
+// qemu-img convert SRC1 SRC2 ... DST concatenates them (each source's size
+// rounded up to whole sectors: block/concat_device.h); -B, -l and
+// --bitmaps name one source's chain, snapshot or bitmaps, and are refused
+// with several.
+//
 // --bitmaps copies the persistent dirty bitmaps of a qcow2 source's top
 // layer into a qcow2 destination, as qemu-img convert --bitmaps does (same
 // names, granularities, enabled state and bits, same order); an
 // inconsistent one (in_use) fails the conversion before anything is made,
 // unless --skip-broken-bitmaps skips it with a warning.
-#include <CLI/CLI.hpp>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
 
+#include "block/concat_device.h"
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/convert_copy.h"
@@ -133,14 +140,23 @@ class ConvertCommand final : public Subcommand {
     sub->add_option("-m", coroutines_,
                     "Accepted for qemu-img compatibility (1-16): the copy keeps 8 reads in flight")
         ->check(CLI::Range(1, 16));
-    sub->add_option("source", src_file_, "Source image")->required();
-    sub->add_option("destination", dst_file_, "Destination image (created unless -n)")
+    sub->add_option(
+           "files", files_,
+           "SOURCE... DESTINATION: the source image (several are copied one after "
+           "another), then the destination image (created unless -n)")
         ->required();
     dst_format_option_ = sub->get_option("-O");
     return sub;
   }
 
   Result<Outcome> Run() override {
+    if (files_.size() < 2) {
+      return Status::InvalidArgument(
+          "give the source image and then the destination: "
+          "thindisk convert SOURCE... DESTINATION");
+    }
+    src_files_.assign(files_.begin(), files_.end() - 1);
+    dst_file_ = files_.back();
     if (skip_broken_bitmaps_ && !bitmaps_) {
       return Status::InvalidArgument("Use of --skip-broken-bitmaps requires --bitmaps");
     }
@@ -160,8 +176,10 @@ class ConvertCommand final : public Subcommand {
         return Status::InvalidArgument("--bitmaps cannot be combined with -l");
       TD_ASSIGN_OR_RETURN(src_options.snapshot, ParseLoadSnapshot(load_snapshot_, "-l"));
     }
-    TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> src, block::Open(src_file_, src_options));
-    TD_RETURN_IF_ERROR(RefuseSameFile());
+    TD_RETURN_IF_ERROR(RefuseWithSeveralSources());
+    TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> src, OpenSources(src_options));
+    for (const std::string& source : src_files_)
+      TD_RETURN_IF_ERROR(RefuseSameFile(source));
     if (compress_ && dst_format_ != "qcow2") {
       return Status::InvalidArgument("compression (-c) needs -O qcow2");
     }
@@ -209,22 +227,61 @@ class ConvertCommand final : public Subcommand {
   }
 
  private:
-  Status RefuseSameFile() const {
-    if (nbdclient::IsNbdUri(src_file_) && src_file_ == dst_file_) {
+  // -B, -l and --bitmaps each name one source's chain, snapshot or bitmaps.
+  Status RefuseWithSeveralSources() const {
+    if (src_files_.size() < 2) return Status::Ok();
+    if (!backing_.empty()) {
+      return Status::InvalidArgument(
+          "-B: a backing file for the target makes no sense when concatenating several "
+          "sources");
+    }
+    if (load_snapshot_option_->count() > 0) {
+      return Status::InvalidArgument(
+          "-l: one snapshot of one source; not with several sources");
+    }
+    if (bitmaps_)
+      return Status::InvalidArgument(
+          "--bitmaps copies one source's bitmaps; not with several sources");
+    return Status::Ok();
+  }
+
+  // The source, or the sources one after another (block::ConcatDevice).
+  Result<std::unique_ptr<block::Device>> OpenSources(
+      const block::OpenOptions& options) const {
+    std::vector<std::unique_ptr<block::Device>> parts;
+    for (const std::string& source : src_files_) {
+      TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> part,
+                          block::Open(source, options));
+      parts.push_back(std::move(part));
+    }
+    if (parts.size() == 1) return std::move(parts.front());
+    return std::unique_ptr<block::Device>(
+        std::make_unique<block::ConcatDevice>(std::move(parts)));
+  }
+
+  Status RefuseSameFile(const std::string& source) const {
+    if (nbdclient::IsNbdUri(source) && source == dst_file_) {
       return Status::InvalidArgument("source and destination are the same export: " + dst_file_);
     }
     // One pool and image is one image, whatever the query says.
-    auto src_rados = io::ParseRadosName(src_file_);
+    auto src_rados = io::ParseRadosName(source);
     auto dst_rados = io::ParseRadosName(dst_file_);
     if (src_rados && dst_rados && src_rados->ToString() == dst_rados->ToString()) {
       return Status::InvalidArgument("source and destination are the same image: " + dst_file_);
     }
     struct stat a {}, b {};
-    if (::stat(src_file_.c_str(), &a) == 0 && ::stat(dst_file_.c_str(), &b) == 0 &&
+    if (::stat(source.c_str(), &a) == 0 && ::stat(dst_file_.c_str(), &b) == 0 &&
         a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
       return Status::InvalidArgument("source and destination are the same file: " + dst_file_);
     }
     return Status::Ok();
+  }
+
+  // The source as warnings name it: "a.raw", or "a.raw + b.raw".
+  std::string SourceName() const {
+    std::string name = src_files_.front();
+    for (size_t i = 1; i < src_files_.size(); ++i) name += " + " + src_files_[i];
+    return name;
   }
 
   // --salvage's account: one line per unreadable range, then the total.
@@ -232,8 +289,8 @@ class ConvertCommand final : public Subcommand {
     uint64_t total = 0;
     for (const UnreadableRange& r : report.unreadable) {
       PrintWarning("could not read bytes " + std::to_string(r.offset) + "-" +
-                   std::to_string(r.offset + r.length - 1) + " of " + src_file_ + " (" +
-                   r.error + "): written as zeros");
+                   std::to_string(r.offset + r.length - 1) + " of " + SourceName() +
+                   " (" + r.error + "): written as zeros");
       total += r.length;
     }
     if (total != 0) {
@@ -375,7 +432,8 @@ class ConvertCommand final : public Subcommand {
   CLI::Option* dst_format_option_ = nullptr;
   CLI::Option* load_snapshot_option_ = nullptr;
   std::vector<qcow2::BitmapInfo> src_bitmaps_;  // --bitmaps: the source's, in order
-  std::string src_file_;
+  std::vector<std::string> files_;              // as given: sources, then the destination
+  std::vector<std::string> src_files_;
   std::string dst_file_;
 };
 
