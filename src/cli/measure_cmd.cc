@@ -1,15 +1,15 @@
 // thindisk measure: the file size a conversion (or creation) produces, as
 // `qemu-img measure` reports it ("required size", "fully allocated size").
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <optional>
 
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_create.h"
+#include "cli/serve_options.h"
 #include "qcow2/bitmaps.h"
 #include "qcow2/image.h"
 #include "qcow2/measure.h"
@@ -39,6 +39,11 @@ class MeasureCommand final : public Subcommand {
         ->allow_extra_args(false);
     sub->add_option("-f", src_format_, "Source format (default: probe)");
     sub->add_option("--size", size_text_, "Measure a new image of this size instead of a file");
+    load_snapshot_option_ = sub->add_option(
+        "-l", load_snapshot_,
+        "Measure this internal snapshot of the (qcow2) source instead of its "
+        "active content: snapshot.id=ID,snapshot.name=NAME or ID_OR_NAME (its "
+        "bitmaps are not counted: convert -l copies none)");
     sub->add_option("--output", output_, "Output format: human or json")
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_flag("-U,--force-share", force_share_, "Read even while another process writes the image (ignores its lock)");
@@ -47,6 +52,10 @@ class MeasureCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
+    if (load_snapshot_option_->count() > 0 && filename_.empty()) {
+      return Status::InvalidArgument(
+          "-l names a snapshot of a source image: give its filename");
+    }
     if (filename_.empty() == size_text_.empty()) {
       return Status::InvalidArgument(filename_.empty()
                                          ? "either --size N or one filename must be given"
@@ -62,6 +71,9 @@ class MeasureCommand final : public Subcommand {
       options.format = src_format_;
       options.read_only = true;
       options.force_share = force_share_;
+      if (load_snapshot_option_->count() > 0) {
+        TD_ASSIGN_OR_RETURN(options.snapshot, ParseLoadSnapshot(load_snapshot_, "-l"));
+      }
       TD_ASSIGN_OR_RETURN(src, block::Open(filename_, options));
       size = src->size();
     } else {
@@ -83,9 +95,12 @@ class MeasureCommand final : public Subcommand {
       r = *measured;
       // As qemu-img: the source's bitmaps are counted when both it and the
       // target can hold persistent ones (what `convert --bitmaps` copies);
-      // "bitmaps" is then reported even when there are none.
+      // "bitmaps" is then reported even when there are none. Not for a
+      // snapshot (-l): convert -l copies no bitmaps (qemu-img counts the
+      // active image's).
       auto* image = dynamic_cast<qcow2::Image*>(src.get());
-      if (o.version >= 3 && image != nullptr && image->header().version >= 3) {
+      if (o.version >= 3 && image != nullptr && image->header().version >= 3 &&
+          load_snapshot_option_->count() == 0) {
         auto list = qcow2::ListBitmaps(*image);
         if (!list) return list.error().WithContext(filename_);
         bitmaps = qcow2::MeasureBitmaps(*list, size, o.cluster_size);
@@ -117,6 +132,8 @@ class MeasureCommand final : public Subcommand {
   std::vector<std::string> option_strings_;
   std::string src_format_;
   std::string size_text_;
+  std::string load_snapshot_;  // -l as given
+  CLI::Option* load_snapshot_option_ = nullptr;
   std::string output_ = "human";
   bool force_share_ = false;
   std::string filename_;

@@ -11,7 +11,8 @@
 #    does not grow across repeated create/overwrite/delete cycles;
 #  - convert -l copies a snapshot's content (by name, id, or both) as
 #    qemu-img convert -l does, into raw and qcow2, leaving the source as it
-#    was;
+#    was; measure -l's required size is the file convert -l makes, its
+#    fully allocated size qemu-img measure -l's;
 #  - the errors: duplicate and unknown names, raw images, an image in use,
 #    and convert -l's.
 source "$(dirname "$0")/lib.sh"
@@ -152,6 +153,19 @@ for layout in default 64k compressed; do
       ok "$QEMU_IMG" compare -f $fmt -F $fmt l.td l.qemu
       [[ $fmt == raw ]] || clean l.td
     done
+    # measure -l: "required" is the size of the file convert -l makes (exact
+    # by design: qcow2/measure.h), "fully-allocated" qemu-img measure -l's
+    # for the same target layout; no "bitmaps" (convert -l copies none).
+    td measure --output=json -O qcow2 -l "$sel" x.td
+    required=$(jq .required "$OUT")
+    [[ $(jq 'has("bitmaps")' "$OUT") == false ]] || fail "measure -l $sel counts bitmaps"
+    rm -f lm.qcow2
+    td convert -l "$sel" -O qcow2 x.td lm.qcow2
+    assert_eq "$(stat -c %s lm.qcow2)" "$required" "measure -l $sel against convert -l's file"
+    ok "$QEMU_IMG" measure --output=json -O qcow2 -l "$sel" x.td
+    want=$(jq '."fully-allocated"' "$OUT")
+    td measure --output=json -O qcow2 -o cluster_size=65536,extended_l2=off -l "$sel" x.td
+    assert_eq "$want" "$(jq '."fully-allocated"' "$OUT")" "measure -l $sel: fully-allocated"
   done
   # s1 holds content a, not what was written after it.
   td convert -l s1 -O qcow2 x.td l1.qcow2
@@ -189,6 +203,8 @@ td_fails "no snapshot id '2' name 'dup'" "convert -l, an id and a name of two sn
   convert -l snapshot.id=2,snapshot.name=dup e.qcow2 e.out
 td_fails "unknown key 'snapshot.size'" "convert -l, a bad key" convert -l snapshot.size=1 e.qcow2 e.out
 td_fails "internal snapshots need a qcow2 image" "convert -l of a raw image" convert -l s r.raw e.out
+td_fails "no snapshot 'nope'" "measure -l of an unknown snapshot" measure -O qcow2 -l nope e.qcow2
+td_fails "-l names a snapshot of a source image" "measure -l --size" measure -l s1 --size 1G
 td_fails "--bitmaps cannot be combined with -l" "convert -l --bitmaps" \
   convert --bitmaps -O qcow2 -l dup e.qcow2 e.out
 [[ ! -e e.out ]] || fail "a refused convert -l left its destination"
