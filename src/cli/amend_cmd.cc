@@ -9,13 +9,13 @@
 // Options only creation can set (cluster_size, extended_l2, ...) and
 // downgrades that would lose a feature in use are refused, naming it.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <set>
 
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_summary.h"
+#include "cli/serve_options.h"
 #include "io/qemu_lock.h"
 #include "io/storage.h"
 #include "qcow2/header_update.h"
@@ -64,12 +64,15 @@ class AmendCommand final : public Subcommand {
     sub->add_flag("-p,--progress", progress_, "Show progress");
     sub->add_flag("-q,--quiet", quiet_, "Print nothing on success");
     sub->add_flag("--force", force_, "Accepted for qemu-img compatibility");
-    sub->add_option("-t", cache_, "Cache mode (accepted for qemu-img compatibility)");
+    sub->add_option("-t", cache_,
+                    "Cache mode: writeback (default), none or directsync (O_DIRECT), "
+                    "writethrough, unsafe");
     sub->add_option("filename", filename_, "Image file")->required();
     return sub;
   }
 
   Result<Outcome> Run() override {
+    TD_ASSIGN_OR_RETURN(CacheChoice cache, ParseCacheMode(cache_, "-t"));
     // 1. The options: every one must be something amend can change.
     OptionMap options;
     for (const std::string& text : option_texts_) {
@@ -99,6 +102,7 @@ class AmendCommand final : public Subcommand {
     //    image (lazy refcounts) is repaired by a read-write open.
     TD_ASSIGN_OR_RETURN(auto lock, block::LockImage(filename_, io::QemuLockMode::kWrite));
     io::OpenOptions io_options;
+    io_options.cache = cache.mode;
     TD_ASSIGN_OR_RETURN(auto storage, block::OpenStorage(filename_, io_options));
     TD_ASSIGN_OR_RETURN(qcow2::HeaderCluster hc, qcow2::ReadHeaderCluster(*storage));
     if (hc.header.incompatible_features & qcow2::kIncompatDirty) {
@@ -299,7 +303,7 @@ class AmendCommand final : public Subcommand {
   bool progress_ = false;
   bool quiet_ = false;
   bool force_ = false;
-  std::string cache_;
+  std::string cache_ = "writeback";  // -t
   std::string filename_;
 };
 

@@ -13,7 +13,6 @@
 // As in qemu-img, -b implies -d: the layers between the top and BASE no
 // longer describe a consistent disk, so the top stays as it is.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <optional>
 #include <vector>
@@ -22,6 +21,7 @@
 #include "cli/chain_ops.h"
 #include "cli/common.h"
 #include "cli/image_summary.h"
+#include "cli/serve_options.h"
 #include "io/qemu_lock.h"
 
 namespace thindisk::cli {
@@ -40,7 +40,10 @@ class CommitCommand final : public Subcommand {
     sub->add_option("-r", rate_limit_text_,
                     "Read the overlay's data at most this many bytes per second (k, M, G "
                     "suffixes); 0: no limit");
-    sub->add_option("-t", cache_, "Cache mode (accepted for qemu-img compatibility)");
+    sub->add_option(
+        "-t", cache_,
+        "Cache mode of the overlay and the base: writeback (default), none or "
+        "directsync (O_DIRECT), writethrough, unsafe");
     sub->add_option("filename", filename_, "Overlay image")->required();
     return sub;
   }
@@ -48,6 +51,7 @@ class CommitCommand final : public Subcommand {
   Result<Outcome> Run() override {
     TD_ASSIGN_OR_RETURN(std::unique_ptr<RateLimit> rate_limit,
                         ParseRateLimit(rate_limit_text_));
+    TD_ASSIGN_OR_RETURN(CacheChoice cache, ParseCacheMode(cache_, "-t"));
     // 1. The chain, and which layer receives the data.
     TD_ASSIGN_OR_RETURN(std::vector<ImageSummary> chain, ReadBackingChain(filename_, format_));
     if (chain.size() < 2) {
@@ -68,6 +72,7 @@ class CommitCommand final : public Subcommand {
     //    BASE.
     block::OpenOptions base_options;
     base_options.format = base_summary.format;
+    base_options.cache = cache.mode;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> base,
                         block::Open(base_summary.filename, base_options));
     std::vector<std::optional<io::QemuImageLock>> between;
@@ -77,6 +82,7 @@ class CommitCommand final : public Subcommand {
     }
     block::OpenOptions top_options;
     top_options.format = chain.front().format;
+    top_options.cache = cache.mode;
     top_options.read_only = drop_;
     top_options.lock_backing = false;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> top, block::Open(filename_, top_options));
@@ -98,7 +104,7 @@ class CommitCommand final : public Subcommand {
   bool drop_ = false;
   bool progress_ = false;
   bool quiet_ = false;
-  std::string cache_;
+  std::string cache_ = "writeback";  // -t
   std::string rate_limit_text_;
   std::string filename_;
 };

@@ -8,7 +8,6 @@
 // the guest the old chain's content. `-u` only rewrites the header; `-b ""`
 // copies everything the old chain provides and removes the backing file.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cstdio>
 
@@ -16,6 +15,7 @@
 #include "cli/chain_ops.h"
 #include "cli/common.h"
 #include "cli/image_summary.h"
+#include "cli/serve_options.h"
 #include "io/qemu_lock.h"
 #include "io/storage.h"
 #include "qcow2/header_update.h"
@@ -37,12 +37,17 @@ class RebaseCommand final : public Subcommand {
     sub->add_flag("-u", unsafe_, "Unsafe: only rewrite the backing file name");
     sub->add_flag("-p,--progress", progress_, "Show progress");
     sub->add_flag("-q,--quiet", quiet_, "Print nothing on success");
-    sub->add_option("-t,-T", cache_, "Cache modes (accepted for qemu-img compatibility)");
+    sub->add_option("-t", cache_,
+                    "Cache mode of the image: writeback (default), none or directsync "
+                    "(O_DIRECT), writethrough, unsafe");
+    sub->add_option("-T", src_cache_, "Cache mode of the new backing file (as -t)");
     sub->add_option("filename", filename_, "Image to rebase")->required();
     return sub;
   }
 
   Result<Outcome> Run() override {
+    TD_ASSIGN_OR_RETURN(cache_choice_, ParseCacheMode(cache_, "-t"));
+    TD_ASSIGN_OR_RETURN(src_cache_choice_, ParseCacheMode(src_cache_, "-T"));
     // qemu's write lock on the image for the whole rebase: it is opened
     // more than once below, and those opens take none on it (the summary's
     // brief read shares, as a -U read would, with the lock we hold).
@@ -68,6 +73,7 @@ class RebaseCommand final : public Subcommand {
     if (!unsafe_) TD_RETURN_IF_ERROR(CopyDifferences(new_path));
 
     io::OpenOptions io_options;
+    io_options.cache = cache_choice_.mode;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage,
                         block::OpenStorage(filename_, io_options));
     Status s = qcow2::SetBackingFile(*storage, backing_, backing_format_);
@@ -84,6 +90,7 @@ class RebaseCommand final : public Subcommand {
       block::OpenOptions nb;
       nb.format = backing_format_;
       nb.read_only = true;
+      nb.cache = src_cache_choice_.mode;
       auto opened = block::Open(new_path, nb);
       if (!opened) {
         return opened.error().WithContext("Could not open new backing file '" + backing_ + "'");
@@ -93,6 +100,7 @@ class RebaseCommand final : public Subcommand {
     block::OpenOptions top_options;
     top_options.format = "qcow2";
     top_options.caller_locks_top = true;
+    top_options.cache = cache_choice_.mode;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> top, block::Open(filename_, top_options));
     auto* image = dynamic_cast<qcow2::Image*>(top.get());
     if (image == nullptr) return Status::Internal("qcow2 image did not open as qcow2");
@@ -167,7 +175,10 @@ class RebaseCommand final : public Subcommand {
   bool unsafe_ = false;
   bool progress_ = false;
   bool quiet_ = false;
-  std::string cache_;
+  std::string cache_ = "writeback";      // -t
+  std::string src_cache_ = "writeback";  // -T
+  CacheChoice cache_choice_;
+  CacheChoice src_cache_choice_;
   std::string filename_;
   uint64_t old_backing_size_ = 0;
 };
