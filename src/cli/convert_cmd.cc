@@ -16,6 +16,12 @@
 // -S sets the zero grain as qemu-img's does; -S 0 writes every byte, so a
 // raw output has no holes and a qcow2 one every cluster allocated.
 //
+// -C asks the kernel to copy what the source stores plainly in its own file
+// (a raw or qcow2 source, a raw destination, both local files) with
+// copy_file_range, a reflink where the file system shares extents; as
+// qemu-img, it is refused with -c, -S and --salvage, and where it cannot
+// apply the copy goes through this process (cli/convert_copy.h).
+//
 // --salvage copies on past source read errors, as qemu-img convert
 // --salvage does: what cannot be read (down to 512-byte sectors) is written
 // as zeros, each range named in a warning (not with -q); the exit status
@@ -36,10 +42,12 @@
 // names, granularities, enabled state and bits, same order); an
 // inconsistent one (in_use) fails the conversion before anything is made,
 // unless --skip-broken-bitmaps skips it with a warning.
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -91,6 +99,11 @@ Status CopyBitmaps(block::Device& src, qcow2::Image& dst,
 
 class ConvertCommand final : public Subcommand {
  public:
+  ~ConvertCommand() override {
+    if (offload_src_fd_ >= 0) ::close(offload_src_fd_);
+    if (offload_dst_fd_ >= 0) ::close(offload_dst_fd_);
+  }
+
   CLI::App* Register(CLI::App& app) override {
     CLI::App* sub = app.add_subcommand("convert", "Copy an image into a new one (any format)");
     sub->add_option("-f", src_format_, "Source format (default: probe)");
@@ -114,6 +127,11 @@ class ConvertCommand final : public Subcommand {
                   "Copy the persistent bitmaps of a qcow2 source into the qcow2 destination");
     sub->add_flag("--skip-broken-bitmaps", skip_broken_bitmaps_,
                   "With --bitmaps: skip inconsistent (in_use) bitmaps instead of failing");
+    sub->add_flag(
+        "-C", copy_offload_,
+        "Copy offloading: the kernel copies the source's data file to file "
+        "(copy_file_range; a reflink on XFS and btrfs) where it can; not with -c, "
+        "-S or --salvage");
     sub->add_flag(
         "--salvage", salvage_,
         "Copy on past source read errors: what cannot be read, down to 512-byte "
@@ -162,6 +180,7 @@ class ConvertCommand final : public Subcommand {
     }
     TD_RETURN_IF_ERROR(CheckNoCreateOptions());
     TD_RETURN_IF_ERROR(ParseSparse());
+    TD_RETURN_IF_ERROR(CheckCopyOffload());
     TD_ASSIGN_OR_RETURN(rate_limit_, ParseRateLimit(rate_limit_text_));
     TD_ASSIGN_OR_RETURN(CacheChoice src_cache, ParseCacheMode(src_cache_, "-T"));
     TD_ASSIGN_OR_RETURN(dst_cache_choice_, ParseCacheMode(dst_cache_, "-t"));
@@ -321,6 +340,38 @@ class ConvertCommand final : public Subcommand {
   }
 
   // -S, as qemu-img takes it: a multiple of 512 up to 16 MiB, or 0.
+  // -C's refusals, as qemu-img's.
+  Status CheckCopyOffload() const {
+    if (!copy_offload_) return Status::Ok();
+    if (compress_)
+      return Status::InvalidArgument("Cannot enable copy offloading when -c is used");
+    if (!sparse_text_.empty()) {
+      return Status::InvalidArgument("Cannot enable copy offloading when -S is used");
+    }
+    if (salvage_)
+      return Status::InvalidArgument("Cannot use copy offloading in salvaging mode");
+    return Status::Ok();
+  }
+
+  // -C's two files, when the copy can use them: one source, raw or qcow2,
+  // and a raw destination, both local files. Otherwise none (the copy goes
+  // through this process, as qemu-img's does where offloading fails).
+  Status OpenOffloadFiles(const block::Device& src) {
+    if (!copy_offload_ || src_files_.size() != 1 || dst_format_ != "raw")
+      return Status::Ok();
+    const std::string& source = src_files_.front();
+    if (block::IsUriName(source) || block::IsUriName(dst_file_) ||
+        (src.info().format != "raw" && src.info().format != "qcow2")) {
+      return Status::Ok();
+    }
+    offload_src_fd_ = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
+    if (offload_src_fd_ < 0) return Status::FromErrno(errno, source);
+    offload_dst_fd_ = ::open(dst_file_.c_str(), O_WRONLY | O_CLOEXEC);
+    if (offload_dst_fd_ < 0) return Status::FromErrno(errno, dst_file_);
+    offload_ = CopyOffload{offload_src_fd_, offload_dst_fd_};
+    return Status::Ok();
+  }
+
   Status ParseSparse() {
     if (sparse_text_.empty()) return Status::Ok();
     Result<uint64_t> v = ParseSize(sparse_text_);
@@ -387,6 +438,8 @@ class ConvertCommand final : public Subcommand {
     CopyOptions copy{target, sparse_};
     copy.salvage = salvage_;
     copy.rate_limit = rate_limit_.get();
+    TD_RETURN_IF_ERROR(OpenOffloadFiles(src));
+    if (offload_) copy.offload = &*offload_;
     CopyReport report;
     TD_RETURN_IF_ERROR(
         compress_ ? CopyCompressed(src, *dst, copy, progress, &writeback, &report)
@@ -419,6 +472,10 @@ class ConvertCommand final : public Subcommand {
   bool no_create_ = false;
   bool target_is_zero_ = false;
   bool salvage_ = false;
+  bool copy_offload_ = false;           // -C
+  std::optional<CopyOffload> offload_;  // -C's files, when they apply
+  int offload_src_fd_ = -1;
+  int offload_dst_fd_ = -1;
   static constexpr uint64_t kMaxSparse = uint64_t(16) << 20;
   std::string sparse_text_;                 // -S as given
   std::string rate_limit_text_;             // -r as given

@@ -1,8 +1,11 @@
 // See convert_copy.h.
 #include "cli/convert_copy.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
@@ -47,6 +50,7 @@ class Converter {
         sparse_(options.sparse),
         salvage_(options.salvage),
         rate_limit_(options.rate_limit),
+        offload_(options.offload),
         run_bytes_(std::max(kCopyChunk, options.sparse)),
         progress_(progress),
         writeback_(writeback) {}
@@ -195,9 +199,11 @@ class Converter {
   // One run of the source as CopyPlain's readers fetch it: its extents in
   // order, the data ones read into `data` (at their offset in the run).
   struct Piece {
-    enum class Kind { kSkip, kZero, kData };
+    // kOffload: data copied file to file (-C), from host_offset.
+    enum class Kind { kSkip, kZero, kData, kOffload };
     uint64_t offset = 0, length = 0;
     Kind kind = Kind::kSkip;
+    uint64_t host_offset = 0;
   };
   struct FetchedRun {
     uint64_t begin = 0;
@@ -226,6 +232,12 @@ class Converter {
         p.kind = Piece::Kind::kSkip;
       } else if (ZeroWithoutData(e)) {
         p.kind = Piece::Kind::kZero;  // hides the target's backing file or old data
+      } else if (offload_ != nullptr && e.depth == 0 && e.data && e.has_host_offset) {
+        p.kind =
+            Piece::Kind::kOffload;  // not read here: the writer has the kernel copy it
+        p.host_offset = e.host_offset;
+        if (rate_limit_ != nullptr) rate_limit_->Take(n);
+        run.data_bytes += n;
       } else {
         TD_RETURN_IF_ERROR(Read(offset, std::span(run.data).subspan(offset - begin, n)));
         run.data_bytes += n;
@@ -243,7 +255,47 @@ class Converter {
       } else if (p.kind == Piece::Kind::kData) {
         TD_RETURN_IF_ERROR(WriteNonZeroRuns(
             p.offset, std::span<const uint8_t>(run.data).subspan(p.offset - run.begin, p.length)));
+      } else if (p.kind == Piece::Kind::kOffload) {
+        TD_RETURN_IF_ERROR(CopyFileToFile(p));
       }
+    }
+    return Status::Ok();
+  }
+
+  // -C: the kernel copies the piece from the source's file into the
+  // destination file. What it will not copy is read and written here.
+  Status CopyFileToFile(const Piece& p) {
+    loff_t in = static_cast<loff_t>(p.host_offset);
+    loff_t out = static_cast<loff_t>(p.offset);
+    uint64_t left = p.length;
+    while (left > 0) {
+      const ssize_t n = ::copy_file_range(offload_->src_fd, &in, offload_->dst_fd, &out,
+                                          static_cast<size_t>(left), 0);
+      if (n > 0) {
+        left -= static_cast<uint64_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno != EXDEV && errno != EOPNOTSUPP && errno != ENOSYS &&
+          errno != EINVAL) {
+        return Status::FromErrno(
+            errno, "copy_file_range into the destination at byte " + std::to_string(out));
+      }
+      // Refused, or nothing copied: the rest through this process.
+      return CopyThrough(p.offset + (p.length - left), left);
+    }
+    return Status::Ok();
+  }
+
+  Status CopyThrough(uint64_t offset, uint64_t length) {
+    std::vector<uint8_t> buf(std::min<uint64_t>(length, run_bytes_));
+    while (length > 0) {
+      const uint64_t n = std::min<uint64_t>(length, buf.size());
+      std::span<uint8_t> chunk(buf.data(), n);
+      TD_RETURN_IF_ERROR(src_.Read(offset, chunk));
+      TD_RETURN_IF_ERROR(WriteNonZeroRuns(offset, chunk));
+      offset += n;
+      length -= n;
     }
     return Status::Ok();
   }
@@ -373,6 +425,7 @@ class Converter {
   const uint64_t sparse_;     // -S: the zero grain; 0 writes every byte
   const bool salvage_;        // --salvage
   RateLimit* rate_limit_;     // -r, or nullptr
+  const CopyOffload* offload_;  // -C, or nullptr
   const uint64_t run_bytes_;  // what one reader fetches: a chunk, or a grain if larger
   Progress& progress_;
   BackgroundWriteback* writeback_;

@@ -21,6 +21,18 @@ enum class Target {
   kExisting,  // -n: an existing image, holding anything
 };
 
+// qemu-img convert -C: what the source stores plainly in its own file
+// (block status gives a host offset at depth 0) is copied file to file by
+// the kernel (copy_file_range: a reflink on XFS and btrfs, a server-side
+// copy on NFS 4.2) instead of through this process. A range the kernel
+// refuses (another file system, no support) is read and written as without
+// -C. Zero and unallocated ranges are still skipped; all-zero runs inside
+// data are not looked for.
+struct CopyOffload {
+  int src_fd = -1;  // the source's own file, readable
+  int dst_fd = -1;  // the raw destination file, writable
+};
+
 // qemu-img convert's -S: all-zero runs of `sparse` bytes inside data are
 // not written (written as zeroes unless the target reads as zeros); 0
 // writes every byte the target needs as data, zero extents included, so
@@ -36,6 +48,8 @@ struct CopyOptions {
   // qemu-img convert -r: the source's data is read at most this fast (holes
   // and zero extents cost nothing); nullptr: no limit.
   RateLimit* rate_limit = nullptr;
+  // -C, or nullptr. Used by CopyPlain only.
+  const CopyOffload* offload = nullptr;
 };
 
 // A source range --salvage could not read (written as zeros), and why.
