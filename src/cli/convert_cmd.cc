@@ -356,20 +356,20 @@ class ConvertCommand final : public Subcommand {
   // -C's two files, when the copy can use them: one source, raw or qcow2,
   // and a raw destination, both local files. Otherwise none (the copy goes
   // through this process, as qemu-img's does where offloading fails).
-  Status OpenOffloadFiles(const block::Device& src) {
-    if (!copy_offload_ || src_files_.size() != 1 || dst_format_ != "raw")
-      return Status::Ok();
+  void OpenOffloadFiles(const block::Device& src) {
+    if (!copy_offload_ || src_files_.size() != 1 || dst_format_ != "raw") return;
     const std::string& source = src_files_.front();
     if (block::IsUriName(source) || block::IsUriName(dst_file_) ||
         (src.info().format != "raw" && src.info().format != "qcow2")) {
-      return Status::Ok();
+      return;
     }
+    // A name that is not a plain file here (an rbd: name, say) opens as
+    // nothing: no offload, as where the kernel refuses one.
     offload_src_fd_ = ::open(source.c_str(), O_RDONLY | O_CLOEXEC);
-    if (offload_src_fd_ < 0) return Status::FromErrno(errno, source);
     offload_dst_fd_ = ::open(dst_file_.c_str(), O_WRONLY | O_CLOEXEC);
-    if (offload_dst_fd_ < 0) return Status::FromErrno(errno, dst_file_);
-    offload_ = CopyOffload{offload_src_fd_, offload_dst_fd_};
-    return Status::Ok();
+    if (offload_src_fd_ >= 0 && offload_dst_fd_ >= 0) {
+      offload_ = CopyOffload{offload_src_fd_, offload_dst_fd_};
+    }
   }
 
   Status ParseSparse() {
@@ -438,7 +438,7 @@ class ConvertCommand final : public Subcommand {
     CopyOptions copy{target, sparse_};
     copy.salvage = salvage_;
     copy.rate_limit = rate_limit_.get();
-    TD_RETURN_IF_ERROR(OpenOffloadFiles(src));
+    OpenOffloadFiles(src);
     if (offload_) copy.offload = &*offload_;
     CopyReport report;
     TD_RETURN_IF_ERROR(

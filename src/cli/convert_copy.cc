@@ -233,8 +233,8 @@ class Converter {
       } else if (ZeroWithoutData(e)) {
         p.kind = Piece::Kind::kZero;  // hides the target's backing file or old data
       } else if (offload_ != nullptr && e.depth == 0 && e.data && e.has_host_offset) {
-        p.kind =
-            Piece::Kind::kOffload;  // not read here: the writer has the kernel copy it
+        // Not read here: the writer has the kernel copy it.
+        p.kind = Piece::Kind::kOffload;
         p.host_offset = e.host_offset;
         if (rate_limit_ != nullptr) rate_limit_->Take(n);
         run.data_bytes += n;
