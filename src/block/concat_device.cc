@@ -27,9 +27,13 @@ std::vector<uint64_t> Starts(const std::vector<std::unique_ptr<Device>>& parts) 
 }  // namespace
 
 ConcatDevice::ConcatDevice(std::vector<std::unique_ptr<Device>> parts)
-    : ReadOnlyImage(ConcatInfo(parts), Starts(parts).back()),
+    : ConcatDevice(Starts(parts), std::move(parts)) {}
+
+ConcatDevice::ConcatDevice(std::vector<uint64_t>&& starts,
+                           std::vector<std::unique_ptr<Device>>&& parts)
+    : ReadOnlyImage(ConcatInfo(parts), starts.back()),
       parts_(std::move(parts)),
-      starts_(Starts(parts_)) {}
+      starts_(std::move(starts)) {}
 
 size_t ConcatDevice::PartAt(uint64_t offset) const {
   // The last start not past offset (empty parts share a start: take the last).

@@ -31,6 +31,11 @@ class ConcatDevice final : public ReadOnlyImage {
   Status Close() override;
 
  private:
+  // `starts` is Starts(parts), computed once (rvalue references: nothing
+  // is moved before the delegating constructor has read `parts`).
+  ConcatDevice(std::vector<uint64_t>&& starts,
+               std::vector<std::unique_ptr<Device>>&& parts);
+
   // Index of the part that holds `offset` (< size()).
   size_t PartAt(uint64_t offset) const;
 

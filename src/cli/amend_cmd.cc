@@ -64,9 +64,7 @@ class AmendCommand final : public Subcommand {
     sub->add_flag("-p,--progress", progress_, "Show progress");
     sub->add_flag("-q,--quiet", quiet_, "Print nothing on success");
     sub->add_flag("--force", force_, "Accepted for qemu-img compatibility");
-    sub->add_option("-t", cache_,
-                    "Cache mode: writeback (default), none or directsync (O_DIRECT), "
-                    "writethrough, unsafe");
+    sub->add_option("-t", cache_, std::string("Cache mode: ") + kCacheModesHelp);
     sub->add_option("filename", filename_, "Image file")->required();
     return sub;
   }

@@ -90,9 +90,7 @@ class CheckCommand final : public Subcommand {
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_flag("-q,--quiet", quiet_, "Print nothing when the image is clean");
     sub->add_flag("-U,--force-share", force_share_, "Read even while another process writes the image (ignores its lock)");
-    sub->add_option("-T", cache_,
-                    "Cache mode: writeback (default), none or directsync (O_DIRECT), "
-                    "writethrough, unsafe");
+    sub->add_option("-T", cache_, std::string("Cache mode: ") + kCacheModesHelp);
     sub->add_option("filename", filename_, "Image file")->required();
     return sub;
   }

@@ -42,8 +42,7 @@ class CommitCommand final : public Subcommand {
                     "suffixes); 0: no limit");
     sub->add_option(
         "-t", cache_,
-        "Cache mode of the overlay and the base: writeback (default), none or "
-        "directsync (O_DIRECT), writethrough, unsafe");
+        std::string("Cache mode of the overlay and the base: ") + kCacheModesHelp);
     sub->add_option("filename", filename_, "Overlay image")->required();
     return sub;
   }

@@ -43,8 +43,7 @@ class CompareCommand final : public Subcommand {
     sub->add_flag("-p,--progress", progress_, "Show progress");
     sub->add_flag("-U,--force-share", force_share_, "Read even while another process writes the image (ignores its lock)");
     sub->add_option("-T", cache_,
-                    "Cache mode of both images: writeback (default), none or directsync "
-                    "(O_DIRECT), writethrough, unsafe");
+                    std::string("Cache mode of both images: ") + kCacheModesHelp);
     sub->add_option("image1", file1_, "First image")->required();
     sub->add_option("image2", file2_, "Second image")->required();
     return sub;

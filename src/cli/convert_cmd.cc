@@ -43,7 +43,6 @@
 // inconsistent one (in_use) fails the conversion before anything is made,
 // unless --skip-broken-bitmaps skips it with a warning.
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -149,8 +148,7 @@ class ConvertCommand final : public Subcommand {
                     "Read the source's data at most this many bytes per second (k, M, G "
                     "suffixes; holes and zeros cost nothing); 0: no limit");
     sub->add_option("-t", dst_cache_,
-                    "Destination cache mode: writeback (default), none or directsync (O_DIRECT), "
-                    "writethrough, unsafe");
+                    std::string("Destination cache mode: ") + kCacheModesHelp);
     sub->add_option("-T", src_cache_, "Source cache mode (as -t)");
     sub->add_flag("-W", out_of_order_,
                   "Accepted for qemu-img compatibility: thindisk reads ahead with 8 readers and "
@@ -279,19 +277,9 @@ class ConvertCommand final : public Subcommand {
   }
 
   Status RefuseSameFile(const std::string& source) const {
-    if (nbdclient::IsNbdUri(source) && source == dst_file_) {
-      return Status::InvalidArgument("source and destination are the same export: " + dst_file_);
-    }
-    // One pool and image is one image, whatever the query says.
-    auto src_rados = io::ParseRadosName(source);
-    auto dst_rados = io::ParseRadosName(dst_file_);
-    if (src_rados && dst_rados && src_rados->ToString() == dst_rados->ToString()) {
-      return Status::InvalidArgument("source and destination are the same image: " + dst_file_);
-    }
-    struct stat a {}, b {};
-    if (::stat(source.c_str(), &a) == 0 && ::stat(dst_file_.c_str(), &b) == 0 &&
-        a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
-      return Status::InvalidArgument("source and destination are the same file: " + dst_file_);
+    if (const char* same = SameImage(source, dst_file_)) {
+      return Status::InvalidArgument(std::string("source and destination are the same ") +
+                                     same + ": " + dst_file_);
     }
     return Status::Ok();
   }

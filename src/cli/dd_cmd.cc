@@ -15,8 +15,6 @@
 // repeated operand, a missing if= or of=, bs=0, a skip past the input's end
 // (qemu-img says so and still makes an empty image), an output that is the
 // input.
-#include <sys/stat.h>
-
 #include <CLI/CLI.hpp>
 #include <limits>
 #include <map>
@@ -157,11 +155,7 @@ class DdCommand final : public Subcommand {
 
  private:
   Status RefuseSameFile(const DdOperands& ops) const {
-    struct stat a {
-    }, b{};
-    if (ops.input == ops.output ||
-        (::stat(ops.input.c_str(), &a) == 0 && ::stat(ops.output.c_str(), &b) == 0 &&
-         a.st_dev == b.st_dev && a.st_ino == b.st_ino)) {
+    if (SameImage(ops.input, ops.output) != nullptr) {
       return Status::InvalidArgument("the output is the input (" + ops.output +
                                      "): dd makes a new image");
     }

@@ -1,5 +1,6 @@
 #include "cli/image_create.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "block/open.h"
@@ -10,8 +11,8 @@
 #include "io/rbd_name.h"
 #include "nbdclient/export_file.h"
 #include "nbdclient/nbd_uri.h"
-#include "qcow2/measure.h"
 #include "qcow2/format.h"
+#include "qcow2/measure.h"
 
 namespace thindisk::cli {
 namespace {
@@ -207,6 +208,22 @@ Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
   }
   if (!warning.empty()) PrintWarning(warning);
   return Status::Ok();
+}
+
+const char* SameImage(const std::string& source, const std::string& destination) {
+  if (nbdclient::IsNbdUri(source) && source == destination) return "export";
+  auto src_rados = io::ParseRadosName(source);
+  auto dst_rados = io::ParseRadosName(destination);
+  if (src_rados && dst_rados && src_rados->ToString() == dst_rados->ToString()) {
+    return "image";
+  }
+  struct stat a {
+  }, b{};
+  if (::stat(source.c_str(), &a) == 0 && ::stat(destination.c_str(), &b) == 0 &&
+      a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+    return "file";
+  }
+  return source == destination ? "image" : nullptr;
 }
 
 void RemoveCreatedImage(const std::string& filename) {

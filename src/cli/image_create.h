@@ -61,6 +61,13 @@ std::string FormattingLine(const std::string& filename, const CreatePlan& plan);
 // too; remove it first with thindisk rm).
 Status CreateImageFile(const std::string& filename, const CreatePlan& plan);
 
+// Whether `source` and `destination` name one image, so that writing the
+// destination would destroy what is read: "export" (the same NBD URI),
+// "image" (the same rados:// pool and image, whatever the query says, or
+// the same name of anything else), "file" (one file by device and inode,
+// through any name or link); nullptr when they are different images.
+const char* SameImage(const std::string& source, const std::string& destination);
+
 // Removes what CreateImageFile made, after a later step failed (convert's
 // copy): unlinks a file, removes a rados:// image's objects. Best effort:
 // the first error is what the caller reports.

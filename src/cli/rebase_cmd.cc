@@ -38,8 +38,7 @@ class RebaseCommand final : public Subcommand {
     sub->add_flag("-p,--progress", progress_, "Show progress");
     sub->add_flag("-q,--quiet", quiet_, "Print nothing on success");
     sub->add_option("-t", cache_,
-                    "Cache mode of the image: writeback (default), none or directsync "
-                    "(O_DIRECT), writethrough, unsafe");
+                    std::string("Cache mode of the image: ") + kCacheModesHelp);
     sub->add_option("-T", src_cache_, "Cache mode of the new backing file (as -t)");
     sub->add_option("filename", filename_, "Image to rebase")->required();
     return sub;

@@ -28,6 +28,9 @@ struct CacheChoice {
   bool write_through = false;
 };
 Result<CacheChoice> ParseCacheMode(std::string_view text, std::string_view option = "--cache");
+// The modes the image tools' -t and -T take, for their help.
+inline constexpr char kCacheModesHelp[] =
+    "writeback (default), none or directsync (O_DIRECT), writethrough, unsafe";
 
 // --aio=threads|native|io_uring, parsed for qemu-nbd command lines. Every
 // mode runs on threads, our fastest path: the worker pool over buffered or

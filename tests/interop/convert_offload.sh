@@ -27,12 +27,8 @@ offload_cleanup() {
 trap offload_cleanup EXIT
 
 # traced CMD...: runs CMD under strace (copy_file_range) into trace.txt;
-# sets RC. LeakSanitizer cannot run under ptrace: the ASan build's leak
-# check is off for the traced command.
-traced() {
-  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
-    capture strace -f -e trace=copy_file_range -o trace.txt "$@"
-}
+# sets RC.
+traced() { capture_traced copy_file_range trace.txt "$@"; }
 
 # copies TRACE: how many copy_file_range calls copied something.
 copies() { grep -cE 'copy_file_range\(.*\) = [1-9]' "$1" || true; }

@@ -41,6 +41,16 @@ capture() {
   fi
 }
 
+# capture_traced EVENTS TRACE CMD...: capture CMD under `strace -f -e
+# trace=EVENTS -o TRACE`. LeakSanitizer cannot run under ptrace, so an ASan
+# build's leak check is off for the traced command.
+capture_traced() {
+  local events=$1 trace=$2
+  shift 2
+  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
+    capture strace -f -e trace="$events" -o "$trace" "$@"
+}
+
 # ok CMD...: CMD must exit 0; on failure prints its output and the command.
 ok() {
   capture "$@"

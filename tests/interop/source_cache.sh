@@ -43,12 +43,7 @@ EOF
 }
 
 # traced CMD...: runs CMD under strace (openat, fcntl) into trace.txt; sets RC.
-# LeakSanitizer cannot run under ptrace: the ASan build's leak check is off
-# for the traced command.
-traced() {
-  ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" \
-    capture strace -f -e trace=openat,fcntl -o trace.txt "$@"
-}
+traced() { capture_traced openat,fcntl trace.txt "$@"; }
 
 log "compare -T none"
 "$QEMU_IMG" create -q -f qcow2 a.qcow2 64M
