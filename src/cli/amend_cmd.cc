@@ -14,6 +14,7 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/image_opts.h"
 #include "cli/image_summary.h"
 #include "cli/serve_options.h"
 #include "io/qemu_lock.h"
@@ -61,6 +62,7 @@ class AmendCommand final : public Subcommand {
     sub->add_option("-o", option_texts_, "Options to change: key=value[,key=value...]")
         ->required();
     sub->add_option("-f,--format", format_, "Image format (default: probe)");
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_flag("-p,--progress", progress_, "Show progress");
     sub->add_flag("-q,--quiet", quiet_, "Print nothing on success");
     sub->add_flag("--force", force_, "Accepted for qemu-img compatibility");
@@ -70,6 +72,10 @@ class AmendCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&filename_, &format_, "-f", &cache_,
+                                        "thindisk amend", ImageUse::kWrite));
+    }
     TD_ASSIGN_OR_RETURN(CacheChoice cache, ParseCacheMode(cache_, "-t"));
     // 1. The options: every one must be something amend can change.
     OptionMap options;
@@ -298,6 +304,7 @@ class AmendCommand final : public Subcommand {
 
   std::vector<std::string> option_texts_;
   std::string format_;
+  bool image_opts_ = false;
   bool progress_ = false;
   bool quiet_ = false;
   bool force_ = false;

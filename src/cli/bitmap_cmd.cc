@@ -10,6 +10,7 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/image_opts.h"
 #include "io/qemu_lock.h"
 #include "io/storage.h"
 #include "qcow2/bitmaps.h"
@@ -96,6 +97,7 @@ class BitmapCommand final : public Subcommand {
     sub->add_option("-b,--source-file", source_file_, "The image --merge's SOURCE is in");
     sub->add_option("-F,--source-format", source_format_, "Format of -b's image");
     sub->add_option("-f,--format", format_, "Image format (default: probe)");
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_option("filename", filename_, "Image file")->required();
     sub->add_option("bitmap", bitmap_, "Bitmap name")->required();
     sub->footer(
@@ -109,6 +111,10 @@ class BitmapCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&filename_, &format_, "-f", nullptr,
+                                        "thindisk bitmap", ImageUse::kWrite));
+    }
     TD_RETURN_IF_ERROR(Validate());
     // A merge from another image reads its source bitmaps first.
     std::vector<std::pair<qcow2::BitmapInfo, BitVector>> sources(actions_.size());
@@ -217,6 +223,7 @@ class BitmapCommand final : public Subcommand {
   uint32_t granularity_bits_ = 0;
   std::string source_file_, source_format_, format_;
   std::string filename_, bitmap_;
+  bool image_opts_ = false;
 };
 
 }  // namespace

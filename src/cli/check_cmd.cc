@@ -6,6 +6,7 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/image_opts.h"
 #include "cli/serve_options.h"
 #include "qcow2/check.h"
 
@@ -84,6 +85,7 @@ class CheckCommand final : public Subcommand {
         "Exit status: 0 no errors, 1 the check could not run, 2 corruptions found,\n"
         "3 only leaked clusters found.");
     sub->add_option("-f,--format", format_, "Image format (default: probe)");
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_option("-r,--repair", repair_, "Repair leaks, or all errors")
         ->check(CLI::IsMember({"leaks", "all"}));
     sub->add_option("--output", output_, "Output format: human or json")
@@ -96,6 +98,11 @@ class CheckCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(
+          ApplyImageOpts(&filename_, &format_, "-f", &cache_, "thindisk check",
+                         repair_.empty() ? ImageUse::kRead : ImageUse::kWrite));
+    }
     std::string format = format_;
     if (format.empty()) {
       TD_ASSIGN_OR_RETURN(format, block::ProbeFormat(filename_));
@@ -141,6 +148,7 @@ class CheckCommand final : public Subcommand {
 
  private:
   std::string format_;
+  bool image_opts_ = false;
   std::string repair_;
   std::string output_ = "human";
   bool quiet_ = false;

@@ -20,6 +20,7 @@
 #include "block/open.h"
 #include "cli/chain_ops.h"
 #include "cli/common.h"
+#include "cli/image_opts.h"
 #include "cli/image_summary.h"
 #include "cli/serve_options.h"
 #include "io/qemu_lock.h"
@@ -33,6 +34,7 @@ class CommitCommand final : public Subcommand {
     CLI::App* sub =
         app.add_subcommand("commit", "Fold an overlay's changes into its backing image");
     sub->add_option("-f,--format", format_, "Format of the overlay (default: probe)");
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_option("-b", base_, "Commit into this image of the chain (implies -d)");
     sub->add_flag("-d", drop_, "Leave the overlay as it is (do not empty it)");
     sub->add_flag("-p,--progress", progress_, "Show progress");
@@ -48,6 +50,10 @@ class CommitCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&filename_, &format_, "-f", &cache_,
+                                        "thindisk commit", ImageUse::kWrite));
+    }
     TD_ASSIGN_OR_RETURN(std::unique_ptr<RateLimit> rate_limit,
                         ParseRateLimit(rate_limit_text_));
     TD_ASSIGN_OR_RETURN(CacheChoice cache, ParseCacheMode(cache_, "-t"));
@@ -99,6 +105,7 @@ class CommitCommand final : public Subcommand {
 
  private:
   std::string format_;
+  bool image_opts_ = false;
   std::string base_;
   bool drop_ = false;
   bool progress_ = false;

@@ -10,6 +10,7 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/image_opts.h"
 #include "cli/serve_options.h"
 
 namespace thindisk::cli {
@@ -38,6 +39,7 @@ class CompareCommand final : public Subcommand {
     sub->footer("Exit status: 0 identical, 1 different, 2 error.");
     sub->add_option("-f", format1_, "Format of the first image (default: probe)");
     sub->add_option("-F", format2_, "Format of the second image (default: probe)");
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_flag("-s,--strict", strict_, "Different sizes or allocation count as different");
     sub->add_flag("-q,--quiet", quiet_, "Print nothing, only set the exit status");
     sub->add_flag("-p,--progress", progress_, "Show progress");
@@ -52,16 +54,28 @@ class CompareCommand final : public Subcommand {
   ErrorExit error_exit() const override { return ErrorExit::kTwo; }
 
   Result<Outcome> Run() override {
-    TD_ASSIGN_OR_RETURN(CacheChoice cache, ParseCacheMode(cache_, "-T"));
+    ImageWindow window1, window2;
+    std::string cache1 = cache_, cache2 = cache_;  // -T, unless a string's cache.* says
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&file1_, &format1_, "-f", &cache1,
+                                        "thindisk compare", ImageUse::kRead, &window1));
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&file2_, &format2_, "-F", &cache2,
+                                        "thindisk compare", ImageUse::kRead, &window2));
+    }
+    TD_ASSIGN_OR_RETURN(CacheChoice c1, ParseCacheMode(cache1, "-T"));
+    TD_ASSIGN_OR_RETURN(CacheChoice c2, ParseCacheMode(cache2, "-T"));
     block::OpenOptions o1;
     o1.format = format1_;
     o1.read_only = true;
     o1.force_share = force_share_;
-    o1.cache = cache.mode;
+    o1.cache = c1.mode;
     block::OpenOptions o2 = o1;
     o2.format = format2_;
+    o2.cache = c2.mode;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> a, block::Open(file1_, o1));
+    TD_ASSIGN_OR_RETURN(a, OpenWindow(file1_, std::move(a), window1));
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> b, block::Open(file2_, o2));
+    TD_ASSIGN_OR_RETURN(b, OpenWindow(file2_, std::move(b), window2));
     uint64_t common = std::min(a->size(), b->size());
     uint64_t total = std::max(a->size(), b->size());
     if (a->size() != b->size()) {
@@ -134,6 +148,7 @@ class CompareCommand final : public Subcommand {
   }
 
   std::string format1_;
+  bool image_opts_ = false;
   std::string format2_;
   bool strict_ = false;
   bool quiet_ = false;

@@ -55,6 +55,7 @@
 #include "cli/common.h"
 #include "cli/convert_copy.h"
 #include "cli/image_create.h"
+#include "cli/image_opts.h"
 #include "cli/serve_options.h"
 #include "cli/writeback.h"
 #include "io/rados_name.h"
@@ -106,6 +107,12 @@ class ConvertCommand final : public Subcommand {
   CLI::App* Register(CLI::App& app) override {
     CLI::App* sub = app.add_subcommand("convert", "Copy an image into a new one (any format)");
     sub->add_option("-f", src_format_, "Source format (default: probe)");
+    sub->add_flag("--image-opts", image_opts_,
+                  "The sources are option strings (driver=qcow2,file.filename=F,...), as "
+                  "qemu-img --image-opts");
+    sub->add_flag(
+        "--target-image-opts", target_image_opts_,
+        "With -n: the destination is an option string (its driver= is the format)");
     sub->add_option("-O", dst_format_, "Destination format: raw (default) or qcow2")
         ->check(CLI::IsMember({"qcow2", "raw"}));
     sub->add_option("-o", option_strings_, "Destination format options key=value,...")
@@ -177,6 +184,7 @@ class ConvertCommand final : public Subcommand {
       return Status::InvalidArgument("Use of --skip-broken-bitmaps requires --bitmaps");
     }
     TD_RETURN_IF_ERROR(CheckNoCreateOptions());
+    TD_RETURN_IF_ERROR(ApplyImageOptsStrings());
     TD_RETURN_IF_ERROR(ParseSparse());
     TD_RETURN_IF_ERROR(CheckCopyOffload());
     TD_ASSIGN_OR_RETURN(rate_limit_, ParseRateLimit(rate_limit_text_));
@@ -262,13 +270,51 @@ class ConvertCommand final : public Subcommand {
     return Status::Ok();
   }
 
+  // --image-opts and --target-image-opts: each source string becomes its
+  // file name, format, cache mode and window (image_opts.h); the
+  // destination's, with -n only (as qemu-img), its name, format and -t.
+  Status ApplyImageOptsStrings() {
+    src_opts_.assign(src_files_.size(), SourceOpts{});
+    if (image_opts_) {
+      for (size_t i = 0; i < src_files_.size(); ++i) {
+        SourceOpts& o = src_opts_[i];
+        o.format = src_format_;
+        o.cache = src_cache_;
+        TD_RETURN_IF_ERROR(ApplyImageOpts(&src_files_[i], &o.format, "-f", &o.cache,
+                                          "thindisk convert", ImageUse::kRead,
+                                          &o.window));
+      }
+    }
+    if (!target_image_opts_) return Status::Ok();
+    if (!no_create_)
+      return Status::InvalidArgument("--target-image-opts requires use of -n flag");
+    std::string format = dst_format_option_->count() > 0 ? dst_format_ : "";
+    TD_RETURN_IF_ERROR(ApplyImageOpts(&dst_file_, &format, "-O", &dst_cache_,
+                                      "thindisk convert", ImageUse::kWrite));
+    if (format.empty()) {
+      TD_ASSIGN_OR_RETURN(format, block::ProbeFormat(dst_file_));
+    }
+    if (format != "raw" && format != "qcow2")
+      return Status::NotSupported(
+          "--target-image-opts: thindisk writes raw and qcow2, not " + format);
+    dst_format_ = format;
+    dst_format_chosen_ = true;
+    return Status::Ok();
+  }
+
   // The source, or the sources one after another (block::ConcatDevice).
-  Result<std::unique_ptr<block::Device>> OpenSources(
-      const block::OpenOptions& options) const {
+  Result<std::unique_ptr<block::Device>> OpenSources(block::OpenOptions options) const {
     std::vector<std::unique_ptr<block::Device>> parts;
-    for (const std::string& source : src_files_) {
+    for (size_t i = 0; i < src_files_.size(); ++i) {
+      const std::string& source = src_files_[i];
+      if (image_opts_) {
+        options.format = src_opts_[i].format;
+        TD_ASSIGN_OR_RETURN(CacheChoice cache, ParseCacheMode(src_opts_[i].cache, "-T"));
+        options.cache = cache.mode;
+      }
       TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> part,
                           block::Open(source, options));
+      TD_ASSIGN_OR_RETURN(part, OpenWindow(source, std::move(part), src_opts_[i].window));
       parts.push_back(std::move(part));
     }
     if (parts.size() == 1) return std::move(parts.front());
@@ -345,7 +391,10 @@ class ConvertCommand final : public Subcommand {
   // and a raw destination, both local files. Otherwise none (the copy goes
   // through this process, as qemu-img's does where offloading fails).
   void OpenOffloadFiles(const block::Device& src) {
-    if (!copy_offload_ || src_files_.size() != 1 || dst_format_ != "raw") return;
+    if (!copy_offload_ || src_files_.size() != 1 || dst_format_ != "raw" ||
+        !src_opts_.front().window.whole()) {
+      return;
+    }
     const std::string& source = src_files_.front();
     if (block::IsUriName(source) || block::IsUriName(dst_file_) ||
         (src.info().format != "raw" && src.info().format != "qcow2")) {
@@ -393,7 +442,8 @@ class ConvertCommand final : public Subcommand {
   // byte for byte (qemu-img would); it must hold the source's size.
   Result<std::unique_ptr<block::Device>> OpenExisting(uint64_t source_size,
                                                       block::OpenOptions options) {
-    if (dst_format_option_->count() == 0 && !nbdclient::IsNbdUri(dst_file_)) {
+    if (dst_format_option_->count() == 0 && !dst_format_chosen_ &&
+        !nbdclient::IsNbdUri(dst_file_)) {
       TD_ASSIGN_OR_RETURN(std::string probed, block::ProbeFormat(dst_file_));
       if (probed != "raw") {
         return Status::InvalidArgument(dst_file_ + " is a " + probed + " image: give -O " +
@@ -446,6 +496,16 @@ class ConvertCommand final : public Subcommand {
   }
 
   std::string src_format_;
+  bool image_opts_ = false;
+  bool target_image_opts_ = false;
+  bool dst_format_chosen_ = false;  // by --target-image-opts
+  // Per source: what its --image-opts string says (else -f, -T, no window).
+  struct SourceOpts {
+    std::string format;
+    std::string cache = "writeback";
+    ImageWindow window;
+  };
+  std::vector<SourceOpts> src_opts_;
   std::string load_snapshot_;  // -l as given
   std::string dst_format_ = "raw";
   std::vector<std::string> option_strings_;

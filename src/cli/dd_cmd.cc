@@ -26,6 +26,7 @@
 #include "cli/common.h"
 #include "cli/convert_copy.h"
 #include "cli/image_create.h"
+#include "cli/image_opts.h"
 #include "cli/serve_devices.h"
 #include "cli/writeback.h"
 
@@ -105,6 +106,8 @@ class DdCommand final : public Subcommand {
         "[count=BLOCKS]\nThe copy starts at input block skip= and stops at input block "
         "count= (skipped blocks count, as in qemu-img dd) or the input's end.");
     sub->add_option("-f", format_, "Input format (default: probe)");
+    sub->add_flag("--image-opts", image_opts_,
+                  "if= is an option string, as qemu-img --image-opts");
     sub->add_option("-O", out_format_, "Output format: raw (default) or qcow2")
         ->check(CLI::IsMember({"raw", "qcow2"}));
     sub->add_flag(
@@ -118,12 +121,19 @@ class DdCommand final : public Subcommand {
 
   Result<Outcome> Run() override {
     TD_ASSIGN_OR_RETURN(DdOperands ops, ParseOperands(operands_));
+    std::string format = format_;
+    ImageWindow in_window;
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&ops.input, &format, "-f", nullptr, "thindisk dd",
+                                        ImageUse::kRead, &in_window));
+    }
     block::OpenOptions in_options;
-    in_options.format = format_;
+    in_options.format = format;
     in_options.read_only = true;
     in_options.force_share = force_share_;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> opened,
                         block::Open(ops.input, in_options));
+    TD_ASSIGN_OR_RETURN(opened, OpenWindow(ops.input, std::move(opened), in_window));
     std::shared_ptr<block::Device> input = std::move(opened);
     uint64_t end = input->size();
     if (ops.has_count) end = std::min(end, BlockBytes(ops.count, ops.block_size));
@@ -178,6 +188,7 @@ class DdCommand final : public Subcommand {
   }
 
   std::string format_;
+  bool image_opts_ = false;
   std::string out_format_ = "raw";
   bool force_share_ = false;
   bool progress_ = false;

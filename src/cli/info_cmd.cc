@@ -1,11 +1,11 @@
 // thindisk info: what qemu-img info prints, field for field.
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "cli/common.h"
+#include "cli/image_opts.h"
 #include "cli/image_summary.h"
 #include "cli/snapshot_table.h"
 #include "nbdclient/nbd_uri.h"
@@ -173,6 +173,7 @@ class InfoCommand final : public Subcommand {
   CLI::App* Register(CLI::App& app) override {
     CLI::App* sub = app.add_subcommand("info", "Show what an image is: format, sizes, backing file");
     sub->add_option("-f,--format", format_, "Image format (default: probe)");
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_option("--output", output_, "Output format: human or json")
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_flag("--backing-chain", backing_chain_, "Show every image of the backing chain");
@@ -182,6 +183,10 @@ class InfoCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&filename_, &format_, "-f", nullptr,
+                                        "thindisk info", ImageUse::kRead));
+    }
     std::vector<ImageSummary> chain;
     if (backing_chain_) {
       TD_ASSIGN_OR_RETURN(chain, ReadBackingChain(filename_, format_, force_share_));
@@ -211,6 +216,7 @@ class InfoCommand final : public Subcommand {
 
  private:
   std::string format_;
+  bool image_opts_ = false;
   std::string output_ = "human";
   bool backing_chain_ = false;
   bool force_share_ = false;

@@ -1,11 +1,11 @@
 // thindisk map: where a guest's bytes live, as qemu-img map prints it.
 #include <CLI/CLI.hpp>
-
 #include <cinttypes>
 #include <cstdio>
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/image_opts.h"
 #include "qcow2/image.h"
 
 namespace thindisk::cli {
@@ -94,6 +94,7 @@ class MapCommand final : public Subcommand {
   CLI::App* Register(CLI::App& app) override {
     CLI::App* sub = app.add_subcommand("map", "Show where the guest's data is stored");
     sub->add_option("-f,--format", format_, "Image format (default: probe)");
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_option("--output", output_, "Output format: human or json")
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_option("-s,--start-offset", start_text_, "First guest offset to map");
@@ -104,6 +105,10 @@ class MapCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&filename_, &format_, "-f", nullptr,
+                                        "thindisk map", ImageUse::kRead));
+    }
     block::OpenOptions options;
     options.format = format_;
     options.read_only = true;
@@ -134,6 +139,7 @@ class MapCommand final : public Subcommand {
 
  private:
   std::string format_;
+  bool image_opts_ = false;
   std::string output_ = "human";
   std::string start_text_;
   std::string length_text_;

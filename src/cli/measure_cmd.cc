@@ -9,6 +9,7 @@
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_create.h"
+#include "cli/image_opts.h"
 #include "cli/serve_options.h"
 #include "qcow2/bitmaps.h"
 #include "qcow2/image.h"
@@ -38,6 +39,7 @@ class MeasureCommand final : public Subcommand {
     sub->add_option("-o", option_strings_, "Output format options key=value,...")
         ->allow_extra_args(false);
     sub->add_option("-f", src_format_, "Source format (default: probe)");
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_option("--size", size_text_, "Measure a new image of this size instead of a file");
     load_snapshot_option_ = sub->add_option(
         "-l", load_snapshot_,
@@ -67,6 +69,11 @@ class MeasureCommand final : public Subcommand {
     std::unique_ptr<block::Device> src;
     uint64_t size = 0;
     if (!filename_.empty()) {
+      ImageWindow window;
+      if (image_opts_) {
+        TD_RETURN_IF_ERROR(ApplyImageOpts(&filename_, &src_format_, "-f", nullptr,
+                                          "thindisk measure", ImageUse::kRead, &window));
+      }
       block::OpenOptions options;
       options.format = src_format_;
       options.read_only = true;
@@ -75,6 +82,7 @@ class MeasureCommand final : public Subcommand {
         TD_ASSIGN_OR_RETURN(options.snapshot, ParseLoadSnapshot(load_snapshot_, "-l"));
       }
       TD_ASSIGN_OR_RETURN(src, block::Open(filename_, options));
+      TD_ASSIGN_OR_RETURN(src, OpenWindow(filename_, std::move(src), window));
       size = src->size();
     } else {
       TD_ASSIGN_OR_RETURN(size, ParseSize(size_text_));
@@ -131,6 +139,7 @@ class MeasureCommand final : public Subcommand {
   std::string dst_format_ = "raw";
   std::vector<std::string> option_strings_;
   std::string src_format_;
+  bool image_opts_ = false;
   std::string size_text_;
   std::string load_snapshot_;  // -l as given
   CLI::Option* load_snapshot_option_ = nullptr;

@@ -14,6 +14,7 @@
 #include "block/open.h"
 #include "cli/chain_ops.h"
 #include "cli/common.h"
+#include "cli/image_opts.h"
 #include "cli/image_summary.h"
 #include "cli/serve_options.h"
 #include "io/qemu_lock.h"
@@ -32,6 +33,7 @@ class RebaseCommand final : public Subcommand {
   CLI::App* Register(CLI::App& app) override {
     CLI::App* sub = app.add_subcommand("rebase", "Change the backing file of an image");
     sub->add_option("-f,--format", format_, "Format of the image (default: probe)");
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_option("-b", backing_, "New backing file (\"\" to remove it)")->required();
     sub->add_option("-F", backing_format_, "Format of the new backing file (default: probe)");
     sub->add_flag("-u", unsafe_, "Unsafe: only rewrite the backing file name");
@@ -45,6 +47,10 @@ class RebaseCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&filename_, &format_, "-f", &cache_,
+                                        "thindisk rebase", ImageUse::kWrite));
+    }
     TD_ASSIGN_OR_RETURN(cache_choice_, ParseCacheMode(cache_, "-t"));
     TD_ASSIGN_OR_RETURN(src_cache_choice_, ParseCacheMode(src_cache_, "-T"));
     // qemu's write lock on the image for the whole rebase: it is opened
@@ -169,6 +175,7 @@ class RebaseCommand final : public Subcommand {
   }
 
   std::string format_;
+  bool image_opts_ = false;
   std::string backing_;
   std::string backing_format_;
   bool unsafe_ = false;

@@ -6,7 +6,6 @@
 // qemu-img, refuses while the cut-off range holds data in this image: the
 // error names the range. --force drops that data, after a warning naming it.
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -15,6 +14,7 @@
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_create.h"
+#include "cli/image_opts.h"
 #include "qcow2/image.h"
 #include "raw/raw_image.h"
 
@@ -102,6 +102,7 @@ class ResizeCommand final : public Subcommand {
     sub->footer(kResizeHelp);
     sub->add_option("-f,--format", format_, "Image format (default: probe)")
         ->check(CLI::IsMember({"qcow2", "raw"}));
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_flag("--shrink", shrink_, "Allow shrinking");
     sub->add_flag("--force", force_, "With --shrink: discard data past the new end");
     sub->add_option("--preallocation", preallocation_, "Preallocation of the grown part")
@@ -113,6 +114,10 @@ class ResizeCommand final : public Subcommand {
   }
 
   Result<Outcome> Run() override {
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&filename_, &format_, "-f", nullptr,
+                                        "thindisk resize", ImageUse::kWrite));
+    }
     block::OpenOptions options;
     options.format = format_;
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> dev, block::Open(filename_, options));
@@ -208,6 +213,7 @@ class ResizeCommand final : public Subcommand {
   }
 
   std::string format_;
+  bool image_opts_ = false;
   bool shrink_ = false;
   bool force_ = false;
   std::string preallocation_;

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/image_opts.h"
 #include "cli/serve_devices.h"
 #include "qcow2/bitmaps.h"
 #include "qcow2/image.h"
@@ -110,16 +111,8 @@ Result<OpenedExport> OpenExportDevice(const std::string& file, const ExportSetti
   // 2. The window, which must lie inside the image.
   if (settings.offset != 0 || settings.size.has_value()) {
     uint64_t image_size = dev->size();
-    Status bad;
-    if (settings.offset > image_size) {
-      bad = Status::InvalidArgument(file + ": offset " + std::to_string(settings.offset) +
-                                    " is past the image size " + std::to_string(image_size));
-    } else if (settings.size && *settings.size > image_size - settings.offset) {
-      bad = Status::InvalidArgument(file + ": offset " + std::to_string(settings.offset) +
-                                    " + size " + std::to_string(*settings.size) +
-                                    " is past the image size " + std::to_string(image_size));
-    }
-    if (!bad.ok()) {
+    if (Status bad = CheckWindow(file, settings.offset, settings.size, image_size);
+        !bad.ok()) {
       (void)dev->Close();
       return bad;
     }

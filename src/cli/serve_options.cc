@@ -27,8 +27,11 @@ Status ApplyImageOpt(ImageOpts& o, const std::string& key, const std::string& va
   };
   if (key == "driver") {
     *driver = value;
-  } else if (key == "file.filename" || key == "filename") {
+  } else if (key == "file.filename") {
     o.filename = value;
+  } else if (key == "filename") {
+    o.filename = value;
+    o.bare_filename = true;
   } else if (key == "file.driver") {
     if (value != "file")
       return Status::NotSupported("--image-opts: file.driver=" + value +
@@ -144,12 +147,22 @@ Result<ImageOpts> ParseImageOpts(std::string_view text) {
   } else if (driver == "qcow2" || driver == "raw" || driver == "vmdk" || driver == "vpc") {
     o.format = driver;
   } else if (driver.empty()) {
-    return Status::InvalidArgument("--image-opts: driver= is missing (e.g. driver=qcow2)");
+    // As qemu: file.filename= alone names the file and the format is
+    // probed; a bare filename= needs a driver to belong to.
+    if (o.filename.empty() || o.bare_filename)
+      return Status::InvalidArgument(
+          "--image-opts: give driver= (e.g. driver=qcow2) or file.filename= (probed)");
   } else {
     return Status::NotSupported("--image-opts: driver=" + driver + " is not supported");
   }
   if (o.filename.empty())
     return Status::InvalidArgument("--image-opts: file.filename= is missing");
+  if (driver == "file" && !o.bare_filename)
+    return Status::InvalidArgument(
+        "--image-opts: driver=file takes filename=, not file.filename=");
+  if (driver != "file" && o.bare_filename)
+    return Status::InvalidArgument(
+        "--image-opts: filename= is driver=file's; use file.filename=");
   if (driver != "raw" && (o.offset != 0 || o.size.has_value()))
     return Status::InvalidArgument("--image-opts: offset= and size= need driver=raw");
   return o;

@@ -58,14 +58,15 @@ Result<qcow2::SnapshotSelector> ParseLoadSnapshot(
     std::string_view text, std::string_view flag = "-l/--load-snapshot");
 
 // --image-opts: FILE is a set of block options instead of a file name.
-// Understood (qemu's spellings): driver=qcow2|raw|vmdk|vpc|file,
-// file.driver=file, file.filename=PATH (filename=PATH with driver=file),
+// Understood (qemu's spellings): driver=qcow2|raw|vmdk|vpc|file (none:
+// the format is probed, as qemu does), file.driver=file,
+// file.filename=PATH (filename=PATH with driver=file),
 // read-only, cache.direct, cache.no-flush, discard, detect-zeroes,
 // file.aio, and for driver=raw offset= and size=. Anything else is
 // kInvalidArgument naming the key, so nothing is silently ignored.
 struct ImageOpts {
   std::string filename;
-  std::string format;  // "" when driver=file (raw) is not given: probe
+  std::string format;  // "" when no driver= is given: probe
   std::optional<bool> read_only;
   std::optional<bool> cache_direct;    // O_DIRECT
   std::optional<bool> cache_no_flush;  // flushes do nothing (cache=unsafe)
@@ -74,6 +75,7 @@ struct ImageOpts {
   std::optional<AioChoice> aio;
   uint64_t offset = 0;            // raw only
   std::optional<uint64_t> size;   // raw only
+  bool bare_filename = false;     // named by filename= (driver=file's key)
 };
 Result<ImageOpts> ParseImageOpts(std::string_view text);
 

@@ -128,6 +128,12 @@ TEST(ServeOptionsTest, ImageOptsKeys) {
   EXPECT_EQ(raw->offset, 1u << 20);
   EXPECT_EQ(raw->size, std::optional<uint64_t>(1u << 20));
 
+  // No driver: the format is probed (qemu's reading of file.filename= alone).
+  auto probed = ParseImageOpts("file.filename=some.img");
+  ASSERT_TRUE(probed.has_value()) << probed.status().ToString();
+  EXPECT_EQ(probed->format, "");
+  EXPECT_EQ(probed->filename, "some.img");
+
   auto file = ParseImageOpts("driver=file,filename=plain.img,cache.no-flush=on");
   ASSERT_TRUE(file.has_value());
   EXPECT_EQ(file->format, "raw");
@@ -140,13 +146,16 @@ TEST(ServeOptionsTest, ImageOptsRefuseWhatTheyCannotHonour) {
     const char* text;
     const char* says;
   };
-  for (const Bad& b : {Bad{"file.filename=x", "driver= is missing"},
-                       Bad{"driver=qcow2", "file.filename= is missing"},
-                       Bad{"driver=luks,file.filename=x", "driver=luks"},
-                       Bad{"driver=qcow2,file.driver=nbd,file.filename=x", "file.driver=nbd"},
-                       Bad{"driver=qcow2,file.filename=x,offset=4096", "need driver=raw"},
-                       Bad{"driver=qcow2,file.filename=x,file.locking=off", "'file.locking'"},
-                       Bad{"driver=qcow2,file.filename=x,read-only=maybe", "read-only"}}) {
+  for (const Bad& b :
+       {Bad{"filename=x", "give driver="},
+        Bad{"driver=qcow2,filename=x", "use file.filename="},
+        Bad{"driver=file,file.filename=x", "takes filename="},
+        Bad{"driver=qcow2", "file.filename= is missing"},
+        Bad{"driver=luks,file.filename=x", "driver=luks"},
+        Bad{"driver=qcow2,file.driver=nbd,file.filename=x", "file.driver=nbd"},
+        Bad{"driver=qcow2,file.filename=x,offset=4096", "need driver=raw"},
+        Bad{"driver=qcow2,file.filename=x,file.locking=off", "'file.locking'"},
+        Bad{"driver=qcow2,file.filename=x,read-only=maybe", "read-only"}}) {
     auto r = ParseImageOpts(b.text);
     ASSERT_FALSE(r.has_value()) << b.text;
     EXPECT_NE(r.error().message().find(b.says), std::string::npos)

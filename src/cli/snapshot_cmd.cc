@@ -8,6 +8,7 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/image_opts.h"
 #include "cli/snapshot_table.h"
 #include "io/qemu_lock.h"
 #include "io/storage.h"
@@ -33,6 +34,7 @@ class SnapshotCommand final : public Subcommand {
     l->excludes(a, d);
     a->excludes(d);
     sub->add_option("-f,--format", format_, "Image format (default: probe)");
+    sub->add_flag("--image-opts", image_opts_, kImageOptsHelp);
     sub->add_option("--output", output_, "List format: human or json")
         ->check(CLI::IsMember({"human", "json"}));
     sub->add_flag("-q,--quiet", quiet_, "Print no progress or notes");
@@ -44,6 +46,11 @@ class SnapshotCommand final : public Subcommand {
 
   Result<Outcome> Run() override {
     bool write = !create_.empty() || !apply_.empty() || !delete_.empty();
+    if (image_opts_) {
+      TD_RETURN_IF_ERROR(ApplyImageOpts(&filename_, &format_, "-f", nullptr,
+                                        "thindisk snapshot",
+                                        write ? ImageUse::kWrite : ImageUse::kRead));
+    }
     if (!write && !list_) {
       return Status::InvalidArgument(
           "snapshot: give one of -c NAME, -l, -a NAME, -d NAME");
@@ -122,6 +129,7 @@ class SnapshotCommand final : public Subcommand {
   bool quiet_ = false;
   bool force_share_ = false;
   std::string filename_;
+  bool image_opts_ = false;
 };
 
 }  // namespace

@@ -51,6 +51,27 @@ capture_traced() {
     capture strace -f -e trace="$events" -o "$trace" "$@"
 }
 
+# direct_fds TRACE FILE: how many descriptors of FILE were switched to
+# O_DIRECT in an strace log of openat and fcntl (capture_traced openat,fcntl).
+direct_fds() {
+  python3 - "$1" "$2" <<'EOF'
+import re, sys
+fds, direct = set(), 0
+for line in open(sys.argv[1]):
+    m = re.search(r'openat\(AT_FDCWD, "([^"]*)", .*\) = (\d+)$', line)
+    if m:
+        if m.group(1).endswith(sys.argv[2]):
+            fds.add(m.group(2))
+        else:
+            fds.discard(m.group(2))
+        continue
+    m = re.search(r'fcntl\((\d+), F_SETFL, .*O_DIRECT', line)
+    if m and m.group(1) in fds:
+        direct += 1
+print(direct)
+EOF
+}
+
 # ok CMD...: CMD must exit 0; on failure prints its output and the command.
 ok() {
   capture "$@"

@@ -21,27 +21,6 @@ source "$(dirname "$0")/lib.sh"
 require_tool "$QEMU_IMG" "$QEMU_IO" strace python3
 require_thindisk
 
-# direct_fds TRACE FILE: how many descriptors of FILE were switched to
-# O_DIRECT in an strace log of openat and fcntl.
-direct_fds() {
-  python3 - "$1" "$2" <<'EOF'
-import re, sys
-fds, direct = set(), 0
-for line in open(sys.argv[1]):
-    m = re.search(r'openat\(AT_FDCWD, "([^"]*)", .*\) = (\d+)$', line)
-    if m:
-        if m.group(1).endswith(sys.argv[2]):
-            fds.add(m.group(2))
-        else:
-            fds.discard(m.group(2))
-        continue
-    m = re.search(r'fcntl\((\d+), F_SETFL, .*O_DIRECT', line)
-    if m and m.group(1) in fds:
-        direct += 1
-print(direct)
-EOF
-}
-
 # traced CMD...: runs CMD under strace (openat, fcntl) into trace.txt; sets RC.
 traced() { capture_traced openat,fcntl trace.txt "$@"; }
 
