@@ -18,11 +18,17 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "util/result.h"
 #include "util/status.h"
+
+namespace thindisk::io {
+class Storage;
+}  // namespace thindisk::io
 
 namespace thindisk::block {
 
@@ -62,6 +68,29 @@ struct DeviceInfo {
   bool read_only = false;
 };
 
+// One piece of a planned read (Device::PlanRead): `length` bytes for the
+// caller's buffer at `buf_offset`, read from `storage` at `host_offset`
+// through storage->ReadFd() (which reads as ReadAt does; where it is -1
+// the caller uses Read instead), or zeros when `storage` is null.
+struct ReadPiece {
+  uint64_t buf_offset = 0;
+  uint64_t length = 0;
+  io::Storage* storage = nullptr;
+  uint64_t host_offset = 0;
+};
+
+// Where the bytes of a guest range are, for a caller that reads the host
+// files itself (the NBD server submits many reads at once). The pieces
+// cover the range in order. While the plan lives, each host range it
+// names holds the bytes the guest range had when it was planned, or what
+// later writes put there: the pins hold off the engine's freeing (and so
+// reuse) of its host clusters, as a Read in progress does. Destroying the
+// plan releases them.
+struct ReadPlan {
+  std::vector<ReadPiece> pieces;
+  std::vector<std::shared_ptr<const void>> pins;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -82,6 +111,14 @@ class Device {
   // Grows (new space reads as zeros) or, with shrink=true, cuts the device.
   virtual Status Resize(uint64_t new_size, bool shrink = false) = 0;
   virtual Status Close() = 0;
+
+  // What Read(offset, buf of `length`) would read, as a ReadPlan, without
+  // reading. kNotSupported where some piece only Read can produce
+  // (compressed clusters, a view that changes what it reads): the caller
+  // then uses Read. Errors as Read's.
+  virtual Result<ReadPlan> PlanRead(uint64_t /*offset*/, uint64_t /*length*/) {
+    return Status::NotSupported("this device reads only through Read");
+  }
 };
 
 }  // namespace thindisk::block

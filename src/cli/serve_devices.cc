@@ -19,6 +19,11 @@ Status WindowDevice::Read(uint64_t offset, std::span<uint8_t> buf) {
   return inner().Read(offset_ + offset, buf);
 }
 
+Result<block::ReadPlan> WindowDevice::PlanRead(uint64_t offset, uint64_t length) {
+  TD_RETURN_IF_ERROR(Check(offset, length));
+  return inner().PlanRead(offset_ + offset, length);  // buffer offsets stay
+}
+
 Status WindowDevice::Write(uint64_t offset, std::span<const uint8_t> buf,
                            block::WriteFlags flags) {
   TD_RETURN_IF_ERROR(Check(offset, buf.size()));

@@ -37,6 +37,7 @@ class WindowDevice final : public block::ForwardingDevice {
   Status Discard(uint64_t offset, uint64_t length) override;
   Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override;
   Status Resize(uint64_t new_size, bool shrink) override;
+  Result<block::ReadPlan> PlanRead(uint64_t offset, uint64_t length) override;
 
  private:
   Status Check(uint64_t offset, uint64_t length) const;
@@ -58,6 +59,9 @@ class WriteThroughDevice final : public block::ForwardingDevice {
   Status WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) override {
     flags.fua = true;
     return inner().WriteZeroes(offset, length, flags);
+  }
+  Result<block::ReadPlan> PlanRead(uint64_t offset, uint64_t length) override {
+    return inner().PlanRead(offset, length);
   }
 };
 

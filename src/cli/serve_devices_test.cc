@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include "io/memory_storage.h"
 #include "nbd/testing/memory_device.h"
+#include "raw/raw_image.h"
 
 namespace thindisk::cli {
 namespace {
@@ -70,6 +72,26 @@ class ZeroFuaCounter : public MemoryDevice {
   }
   int fua_zeroes = 0;
 };
+
+// Read plans go through both views: the window's shifted by its offset.
+TEST(WindowDeviceTest, ReadPlansAreShiftedAndWriteThroughPassesThemOn) {
+  auto storage = io::NewMemoryStorage("w.raw");
+  io::MemoryStorage* mem = storage.get();
+  ASSERT_TRUE(storage->WriteAt(0, Filled(16 * kBlock, 1)).ok());
+  auto raw = raw::OpenRaw(std::move(storage), /*read_only=*/true, "w.raw");
+  ASSERT_TRUE(raw.has_value());
+  auto win = std::make_shared<WindowDevice>(
+      std::shared_ptr<block::Device>(std::move(*raw)), 4 * kBlock, 8 * kBlock);
+  WriteThroughDevice through(win);
+  auto plan = through.PlanRead(kBlock, 2 * kBlock);
+  ASSERT_TRUE(plan.has_value()) << plan.status().ToString();
+  ASSERT_EQ(plan->pieces.size(), 1u);
+  EXPECT_EQ(plan->pieces[0].storage, mem);
+  EXPECT_EQ(plan->pieces[0].host_offset, 5 * kBlock);
+  EXPECT_EQ(plan->pieces[0].buf_offset, 0u);
+  EXPECT_EQ(plan->pieces[0].length, 2 * kBlock);
+  EXPECT_EQ(win->PlanRead(7 * kBlock, 2 * kBlock).status().code(), Code::kOutOfRange);
+}
 
 TEST(WriteThroughDeviceTest, EveryWriteIsFua) {
   auto mem = std::make_shared<ZeroFuaCounter>(16 * kBlock);

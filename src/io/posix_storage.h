@@ -57,6 +57,7 @@ class PosixStorage final : public Storage {
   Result<uint64_t> NextHole(uint64_t offset) override;
   Result<uint64_t> AllocatedBytes() override;
   uint64_t bytes_written() const override { return bytes_written_.load(); }
+  int ReadFd() const override { return direct_ ? -1 : fd_; }
   const std::string& name() const override { return path_; }
 
   bool direct() const { return direct_; }

@@ -58,6 +58,22 @@ TEST(PosixStorage, WriteReadRoundTripAndZerosPastEof) {
   EXPECT_TRUE(s->Flush().ok());
 }
 
+// ReadFd: a plain descriptor whose pread gives ReadAt's bytes, for
+// callers that read many ranges at once (block::ReadPlan).
+TEST(PosixStorage, ReadFdPreadsWhatReadAtReads) {
+  TempDir dir;
+  ASSERT_TRUE(dir.ok());
+  auto s = Open(dir.File("fd"));
+  ASSERT_TRUE(s);
+  const auto data = Pattern(50000, 3);
+  ASSERT_TRUE(s->WriteAt(1000, data).ok());
+  const int fd = s->ReadFd();
+  ASSERT_GE(fd, 0);
+  std::vector<uint8_t> got(data.size());
+  ASSERT_EQ(pread(fd, got.data(), got.size(), 1000), ssize_t(got.size()));
+  EXPECT_EQ(got, data);
+}
+
 TEST(PosixStorage, OpenErrorsNameThePath) {
   TempDir dir;
   ASSERT_TRUE(dir.ok());
@@ -255,6 +271,11 @@ class DirectIo : public ::testing::Test {
   TempDir dir_{direct_dir_};
   std::unique_ptr<Storage> s_;
 };
+
+TEST_F(DirectIo, NoReadFd) {
+  EXPECT_EQ(s_->ReadFd(), -1)
+      << "O_DIRECT reads need ReadAt's alignment and bounce buffers";
+}
 
 TEST_F(DirectIo, UnalignedWritesAndReadsMatchShadow) {
   std::vector<uint8_t> shadow;

@@ -103,6 +103,12 @@ class Storage {
   // A short human name for messages ("disk.qcow2", "memory").
   virtual const std::string& name() const = 0;
 
+  // A descriptor whose pread gives ReadAt's bytes (EOF reads as zeros), for
+  // a caller that reads many ranges at once (block::ReadPlan); -1 where
+  // ReadAt does more than pread (O_DIRECT bounce buffers, RADOS, the test
+  // and bench wrappers). Valid while the storage lives.
+  virtual int ReadFd() const { return -1; }
+
   // The caller is about to perform step `e` (see Event). Purely a hint for
   // fault injection and tracing: the default does nothing, and no
   // implementation may change what is stored because of it.

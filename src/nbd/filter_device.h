@@ -40,6 +40,10 @@ class FilterDevice final : public block::ForwardingDevice {
                block::WriteFlags flags) override;
   Status WriteZeroes(uint64_t offset, uint64_t length, block::ZeroFlags flags) override;
   Status Discard(uint64_t offset, uint64_t length) override;
+  // Reads pass through unchanged, so do their plans.
+  Result<block::ReadPlan> PlanRead(uint64_t offset, uint64_t length) override {
+    return inner().PlanRead(offset, length);
+  }
 
  private:
   FilterOptions options_;

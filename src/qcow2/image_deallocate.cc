@@ -92,7 +92,7 @@ Status ImageImpl::Deallocate(uint64_t offset, uint64_t length) {
   //    the old entries on disk still point at intact data.
   TD_RETURN_IF_ERROR(Flush());
   // 2. Wait for readers that looked up an old mapping; later ones see the new.
-  { std::unique_lock gate(free_gate_); }
+  WaitForReaders();
   // 3. Nothing points at the released space any more: give it back. Whole
   //    clusters of ours go in runs (ZeroRange's: one punch for those that
   //    follow each other on the host, their frees queued after it).

@@ -117,7 +117,7 @@ Status ImageImpl::FlushAll() {
   // cluster — nothing on disk (stages 3-4 above) and no reader in flight:
   // taking the gate exclusively waits for every reader that might still
   // use an old mapping.
-  { std::unique_lock gate(free_gate_); }
+  WaitForReaders();
   std::vector<uint64_t> freed;
   {
     std::lock_guard lock(mu_);

@@ -18,7 +18,9 @@
 //   free_gate_ readers hold it shared for the whole request; stage 5 of the
 //              flush takes it exclusively (and instantly releases it) before
 //              applying frees, so no reader can still be using a cluster
-//              when it becomes reusable.
+//              when it becomes reusable. A read plan (PlanRead) pins its
+//              mappings in planned_readers_ instead, which the same stage
+//              waits for (WaitForReaders).
 //   range_lock_ one guest cluster per writer piece.
 //   mu_        metadata: L1, both caches, allocator, header copy. Never held
 //              across data I/O (table loads excepted).
@@ -41,6 +43,7 @@
 #include "qcow2/bitmap_tracker.h"
 #include "qcow2/image.h"
 #include "qcow2/range_lock.h"
+#include "qcow2/reader_epochs.h"
 #include "qcow2/table_cache.h"
 
 namespace thindisk::qcow2 {
@@ -68,6 +71,7 @@ class ImageImpl final : public Image {
   Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override;
   Status Resize(uint64_t new_size, bool shrink) override;
   Status Close() override;
+  Result<block::ReadPlan> PlanRead(uint64_t offset, uint64_t length) override;
 
   // Image
   const Header& header() const override { return header_; }
@@ -116,6 +120,17 @@ class ImageImpl final : public Image {
   Status ReadWithMapping(uint64_t gc, const L2Mapping& m, uint64_t in_off, std::span<uint8_t> out);
   Status ReadBacking(uint64_t guest_offset, std::span<uint8_t> out);
   Status ReadCompressedCluster(uint64_t gc, const L2Mapping& m, std::vector<uint8_t>* cluster);
+  // PlanRead's pieces of [in_off, in_off + length) of guest cluster `gc`
+  // as mapped by m, at buf_offset in the plan; and of a range the backing
+  // file (or zeros past its end) provides.
+  Status PlanWithMapping(uint64_t gc, const L2Mapping& m, uint64_t in_off,
+                         uint64_t length, uint64_t buf_offset, block::ReadPlan* plan);
+  Status PlanBacking(uint64_t guest_offset, uint64_t length, uint64_t buf_offset,
+                     block::ReadPlan* plan);
+  // Returns once no reader can still use a mapping replaced before the
+  // call: Reads in progress (free_gate_) and live read plans
+  // (planned_readers_). Before host space is freed.
+  void WaitForReaders();
   void DropCompressedCache();
 
   // ---- write (image_write.cc); REQUIRE the range lock on gc ----
@@ -285,6 +300,7 @@ class ImageImpl final : public Image {
 
   std::mutex flush_mu_;
   std::shared_mutex free_gate_;
+  ReaderEpochs planned_readers_;  // the pins of live read plans
   RangeLock range_lock_;
 
   std::mutex mu_;

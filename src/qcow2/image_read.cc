@@ -115,4 +115,113 @@ Status ImageImpl::Read(uint64_t offset, std::span<uint8_t> buf) {
   return read_run();
 }
 
+void ImageImpl::WaitForReaders() {
+  { std::unique_lock gate(free_gate_); }
+  planned_readers_.WaitForEarlier();
+}
+
+namespace {
+
+// Appends a piece, joining it to the last one when both are zeros or both
+// continue each other in the buffer and on the same host file.
+void AddPiece(block::ReadPlan* plan, block::ReadPiece piece) {
+  if (!plan->pieces.empty()) {
+    block::ReadPiece& last = plan->pieces.back();
+    const bool follows =
+        last.buf_offset + last.length == piece.buf_offset &&
+        last.storage == piece.storage &&
+        (piece.storage == nullptr || last.host_offset + last.length == piece.host_offset);
+    if (follows) {
+      last.length += piece.length;
+      return;
+    }
+  }
+  plan->pieces.push_back(piece);
+}
+
+}  // namespace
+
+Status ImageImpl::PlanBacking(uint64_t guest_offset, uint64_t length, uint64_t buf_offset,
+                              block::ReadPlan* plan) {
+  uint64_t avail = 0;
+  if (backing_ && guest_offset < backing_->size()) {
+    avail = std::min<uint64_t>(length, backing_->size() - guest_offset);
+    TD_ASSIGN_OR_RETURN(block::ReadPlan below, backing_->PlanRead(guest_offset, avail));
+    for (block::ReadPiece piece : below.pieces) {
+      piece.buf_offset += buf_offset;
+      AddPiece(plan, piece);
+    }
+    for (auto& pin : below.pins) plan->pins.push_back(std::move(pin));
+  }
+  // Past the backing file's end (or without one) the image reads as zeros.
+  if (avail < length) AddPiece(plan, {buf_offset + avail, length - avail, nullptr, 0});
+  return Status::Ok();
+}
+
+Status ImageImpl::PlanWithMapping(uint64_t gc, const L2Mapping& m, uint64_t in_off,
+                                  uint64_t length, uint64_t buf_offset,
+                                  block::ReadPlan* plan) {
+  if (m.kind == ClusterKind::kCompressed)
+    return Status::NotSupported("a compressed cluster is read only through Read");
+  const uint64_t guest_base = gc << cluster_bits_;
+  // Runs of subclusters in the same state, as ReadWithMapping walks them.
+  uint64_t pos = in_off;
+  const uint64_t end = in_off + length;
+  while (pos < end) {
+    const SubState state = StateOf(m, uint32_t(pos / scs()));
+    uint64_t run_end = std::min<uint64_t>(end, (pos / scs() + 1) * scs());
+    while (run_end < end && StateOf(m, uint32_t(run_end / scs())) == state) {
+      run_end = std::min<uint64_t>(end, run_end + scs());
+    }
+    const uint64_t at = buf_offset + (pos - in_off), n = run_end - pos;
+    switch (state) {
+      case SubState::kData:
+        AddPiece(plan, {at, n, storage_.get(), m.host_offset + pos});
+        break;
+      case SubState::kZero:
+        AddPiece(plan, {at, n, nullptr, 0});
+        break;
+      case SubState::kUnallocated:
+        TD_RETURN_IF_ERROR(PlanBacking(guest_base + pos, n, at, plan));
+        break;
+      case SubState::kCompressed:
+        return Status::Internal("compressed state inside a plain cluster");
+    }
+    pos = run_end;
+  }
+  return Status::Ok();
+}
+
+Result<block::ReadPlan> ImageImpl::PlanRead(uint64_t offset, uint64_t length) {
+  TD_RETURN_IF_ERROR(CheckRange(offset, length));
+  block::ReadPlan plan;
+  // The pin is taken under the gate, as a Read takes it: a flush about to
+  // free a cluster either sees this lookup hold the gate or waits for the
+  // pin (WaitForReaders), so whatever the plan names stays ours until the
+  // plan is destroyed.
+  std::shared_lock gate(free_gate_);
+  const unsigned epoch = planned_readers_.Enter();
+  plan.pins.push_back(std::shared_ptr<const void>(
+      this, [this, epoch](const void*) { planned_readers_.Leave(epoch); }));
+  uint64_t done = 0;
+  while (done < length) {
+    const uint64_t pos = offset + done;
+    const uint64_t gc = pos >> cluster_bits_;
+    const uint64_t in_off = pos & (cluster_size_ - 1);
+    const uint64_t len = std::min<uint64_t>(length - done, cluster_size_ - in_off);
+    L2Mapping m;
+    {
+      std::lock_guard lock(mu_);
+      TD_ASSIGN_OR_RETURN(m, LookupLocked(gc));
+    }
+    if (AllData(m, in_off, len)) {
+      AddPiece(&plan, {done, len, storage_.get(), m.host_offset + in_off});
+    } else {
+      TD_RETURN_IF_ERROR(PlanWithMapping(gc, m, in_off, len, done, &plan));
+    }
+    done += len;
+  }
+  return plan;
+}
+
 }  // namespace thindisk::qcow2

@@ -41,6 +41,15 @@ Status RawImage::Read(uint64_t offset, std::span<uint8_t> buf) {
   return storage_->ReadAt(offset, buf);
 }
 
+Result<block::ReadPlan> RawImage::PlanRead(uint64_t offset, uint64_t length) {
+  if (closed_.load())
+    return Status::InvalidArgument(info_.filename + ": device is closed");
+  TD_RETURN_IF_ERROR(CheckRange(offset, length));
+  block::ReadPlan plan;
+  if (length > 0) plan.pieces.push_back({0, length, storage_.get(), offset});
+  return plan;
+}
+
 Status RawImage::Write(uint64_t offset, std::span<const uint8_t> buf, block::WriteFlags flags) {
   TD_RETURN_IF_ERROR(CheckWritable());
   TD_RETURN_IF_ERROR(CheckRange(offset, buf.size()));

@@ -59,6 +59,8 @@ class RawImage final : public block::Device {
   Result<block::Extent> GetStatus(uint64_t offset, uint64_t max_length) override;
   Status Resize(uint64_t new_size, bool shrink = false) override;
   Status Close() override;
+  // One piece: the same range of the host file.
+  Result<block::ReadPlan> PlanRead(uint64_t offset, uint64_t length) override;
 
   // The host file, for space accounting (info's actual-size).
   io::Storage& storage() { return *storage_; }

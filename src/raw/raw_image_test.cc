@@ -281,6 +281,23 @@ TEST(RawImageTest, CloseFlushesAndRefusesLaterIo) {
   EXPECT_FALSE(dev->Write(0, buf).ok());
 }
 
+TEST(RawImageTest, PlanReadIsTheSameRangeOfTheHostFile) {
+  auto storage = io::NewMemoryStorage("plan.raw");
+  io::MemoryStorage* mem = storage.get();
+  ASSERT_TRUE(storage->WriteAt(0, std::vector<uint8_t>(3 * kChunk, 0x42)).ok());
+  auto dev = OpenRaw(std::move(storage), /*read_only=*/true, "plan.raw");
+  ASSERT_TRUE(dev.has_value());
+  auto plan = (*dev)->PlanRead(kChunk + 10, kChunk);
+  ASSERT_TRUE(plan.has_value()) << plan.status().ToString();
+  ASSERT_EQ(plan->pieces.size(), 1u);
+  EXPECT_EQ(plan->pieces[0].buf_offset, 0u);
+  EXPECT_EQ(plan->pieces[0].length, kChunk);
+  EXPECT_EQ(plan->pieces[0].storage, mem);
+  EXPECT_EQ(plan->pieces[0].host_offset, kChunk + 10);
+  EXPECT_EQ((*dev)->PlanRead(2 * kChunk + 1, kChunk).status().code(), Code::kOutOfRange);
+  EXPECT_EQ(mem->ReadFd(), -1) << "memory has no descriptor: callers use Read";
+}
+
 TEST(RawImageTest, CreatePreallocationModes) {
   auto off = io::NewMemoryStorage();
   ASSERT_TRUE(CreateRaw(*off, 3 * kChunk, RawPrealloc::kOff).ok());
