@@ -16,6 +16,8 @@ PACKAGES=(
   librados-dev libradospp-dev
   # librbd: existing RBD images (rbd:POOL/IMAGE, io::RbdStorage)
   librbd-dev
+  # the NBD server's READs through an io_uring ring (src/nbd/async_reads.h)
+  liburing-dev
   # TLS on the NBD server (src/nbd/tls*): GnuTLS, and certtool for the tests' throwaway CA
   libgnutls28-dev gnutls-bin
   # the tools our interop tests judge us by (qemu-block-extra: qemu's rbd

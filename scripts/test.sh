@@ -128,6 +128,9 @@ if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
     "$TSAN_BIN/thindisk" compare "$tsan_tmp/src.raw" "$tsan_tmp/dst.qcow2" >/dev/null; } ||
     tsan_ok=0
   rm -rf "$tsan_tmp"
+  # The server itself: READs through its io_uring rings beside writes,
+  # trims and flushes on its workers, from 4 fio connections.
+  bash "$ROOT/tests/serve/tsan_serve.sh" "$TSAN_BIN/thindisk" || tsan_ok=0
   # The crash suite's concurrent workloads (2-4 threads on one image, each
   # in its own stripe, then the suite's checks): those of seeds 1-60
   # (ThreadsFor in tests/crash/workload.cc), each run alone without a fault

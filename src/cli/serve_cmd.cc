@@ -66,11 +66,16 @@ bool SocketActivated() {
 void Log(const std::string& line) { std::fprintf(stderr, "thindisk: %s\n", line.c_str()); }
 
 constexpr const char* kFooter =
-    "Differences from qemu-nbd (docs/qemu-nbd.md): the server keeps serving after the last\n"
-    "client leaves (qemu-nbd -t; --once gives qemu-nbd's default of exiting); -e defaults to\n"
-    "64 clients (qemu-nbd: 1); TCP binds 127.0.0.1 by default (qemu-nbd: 0.0.0.0); --discard\n"
-    "defaults to unmap (qemu-nbd: ignore); qemu:allocation-depth is always offered (-A is\n"
-    "accepted); --aio=native and --aio=io_uring run on threads, our fastest path here;\n"
+    "Differences from qemu-nbd (docs/qemu-nbd.md): the server keeps serving after the "
+    "last\n"
+    "client leaves (qemu-nbd -t; --once gives qemu-nbd's default of exiting); -e "
+    "defaults to\n"
+    "64 clients (qemu-nbd: 1); TCP binds 127.0.0.1 by default (qemu-nbd: 0.0.0.0); "
+    "--discard\n"
+    "defaults to unmap (qemu-nbd: ignore); qemu:allocation-depth is always offered (-A "
+    "is\n"
+    "accepted); reads go through an io_uring ring unless --aio=threads "
+    "(docs/performance.md);\n"
     "--stdio has no short -s (-s is qemu-nbd's --snapshot). Kernel devices (-c, -d) are\n"
     "refused with a message. TLS: docs/tls.md.";
 
@@ -117,9 +122,11 @@ class ServeCommand final : public Subcommand {
                     "Host cache: writeback, none (O_DIRECT), writethrough (writes durable before "
                     "the reply), directsync (both), unsafe (no flushes); none and directsync "
                     "also turn off a rados:// image's write-back (docs/rados.md)");
-    sub->add_option("--aio", aio_,
-                    "I/O engine: threads (default); io_uring and native are accepted and run "
-                    "on threads, our fastest path here (docs/performance.md)");
+    sub->add_option(
+        "--aio", aio_,
+        "I/O engine: io_uring (default; native is the same): pipelined reads "
+        "through an io_uring ring, the rest on worker threads; threads: worker "
+        "threads only (docs/performance.md)");
     sub->add_option("--discard", discard_, "TRIM handling: ignore (off) or unmap (on; default)");
     sub->add_option("--detect-zeroes", detect_zeroes_,
                     "Turn all-zero writes into zero writes: off, on, unmap");
@@ -309,8 +316,8 @@ class ServeCommand final : public Subcommand {
     if (!cache_size_text_.empty()) {
       TD_ASSIGN_OR_RETURN(open.cache_bytes, ParseSize(cache_size_text_));
     }
-    // Every --aio runs on threads: io_uring, used synchronously per worker,
-    // lost to them (0.70x for random writes; docs/performance.md).
+    // Reads through the ring unless --aio=threads; writes stay on threads
+    // (a ring per worker lost to them: 0.70x; docs/performance.md).
     if (!aio_.empty()) TD_RETURN_IF_ERROR(ParseAioMode(aio_).status());
     if (!discard_.empty()) {
       TD_ASSIGN_OR_RETURN(s.filter.discard, ParseDiscardMode(discard_));
@@ -368,8 +375,8 @@ class ServeCommand final : public Subcommand {
   }
 
   // -v's line for one export.
-  static std::string Describe(const std::string& name, const std::string& file,
-                              const block::Device& dev, const ExportSettings& s) {
+  std::string Describe(const std::string& name, const std::string& file,
+                       const block::Device& dev, const ExportSettings& s) {
     std::string line = "export '" + name + "': " + file + " (" + dev.info().format + ", " +
                        std::to_string(dev.size()) + " bytes";
     if (s.open.read_only || dev.info().read_only) line += ", read-only";
@@ -381,7 +388,7 @@ class ServeCommand final : public Subcommand {
              : s.open.cache == io::CacheMode::kUnsafe ? "unsafe"
              : s.write_through                        ? "writethrough"
                                                       : "writeback");
-    line += ", aio=threads)";
+    line += aio_ == "threads" ? ", aio=threads)" : ", aio=io_uring)";
     return line;
   }
 
@@ -401,6 +408,7 @@ class ServeCommand final : public Subcommand {
     // Writes into the page cache gain nothing from running in parallel (the
     // kernel serializes writers of one file) and do without a hand-off.
     so.inline_cached_writes = cached_writes;
+    so.async_reads = aio_ != "threads";
     so.max_connections = max_connections_;
     so.handshake_timeout = std::chrono::milliseconds(int64_t(handshake_timeout_ * 1000));
     if (!quiet_) so.log = [](const std::string& line) { PrintWarning(line); };

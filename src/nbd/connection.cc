@@ -1,10 +1,13 @@
 #include "nbd/connection.h"
 
+#include <poll.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstring>
 
+#include "io/storage.h"
 #include "util/endian.h"
 
 namespace thindisk::nbd {
@@ -98,7 +101,12 @@ Status Connection::Run() {
   Status s = Negotiate();
   if (s.ok() && export_) {
     writer_ = std::thread([this] { WriterLoop(); });
+    // The ring only under a plain transport: the reader waits for the
+    // client's bytes in poll() beside it (WaitForRequest), which a TLS
+    // session holding decrypted bytes of its own would defeat.
+    if (options_.async_reads && !tls_active_) async_ = AsyncReads::Create();
     s = Transmit();
+    DrainAsync();
   }
   WaitIdle();
   StopWriter();
@@ -176,6 +184,7 @@ Status Connection::Negotiate() {
       TD_ASSIGN_OR_RETURN(transport_, options_.tls->Handshake(in_fd_, out_fd_, cancel_fd_));
       // A new negotiation inside TLS: nothing chosen before it survives.
       tls.active = true;
+      tls_active_ = true;
       negotiator = Negotiator(exports_, *flags.message, shutting_down_, tls);
     }
   }
@@ -198,6 +207,7 @@ Status Connection::Buffer(size_t need) {
     rend_ -= rpos_;
     rpos_ = 0;
   }
+  TD_RETURN_IF_ERROR(WaitForRequest());
   Result<size_t> n =
       transport_->ReadAtLeast(std::span<uint8_t>(rbuf_).subspan(rend_), need - rend_);
   if (!n.has_value()) {
@@ -280,6 +290,7 @@ Status Connection::Transmit() {
       Send(Execute(req, payload.span()), cost);
       continue;
     }
+    if (req.type == kCmdRead && ReadAsync(req, cost)) continue;
     on_pool_.fetch_add(1, std::memory_order_acq_rel);
     // std::function needs a copyable task: the buffer travels in a shared_ptr.
     pool_->Submit([this, req, cost, p = std::make_shared<PayloadBuffer>(std::move(payload))] {
@@ -296,10 +307,19 @@ size_t Connection::Cost(const Request& r) const {
 
 void Connection::Admit(size_t cost) {
   std::unique_lock<std::mutex> lock(flow_mu_);
-  flow_cv_.wait(lock, [&] {
+  auto room = [&] {
     if (inflight_requests_ >= options_.max_inflight_requests) return false;
     return inflight_bytes_ == 0 || inflight_bytes_ + cost <= options_.max_inflight_bytes;
-  });
+  };
+  // Ring reads hold room that only this thread can give back (by reaping
+  // them): wait on the ring while any are out, else on the workers.
+  while (!room() && async_ && async_->pending() > 0) {
+    lock.unlock();
+    (void)async_->Submit();
+    async_->Reap(/*wait_ms=*/10);
+    lock.lock();
+  }
+  flow_cv_.wait(lock, room);
   inflight_bytes_ += cost;
   ++inflight_requests_;
 }
@@ -363,14 +383,7 @@ OutgoingReply Connection::ExecuteRead(const Request& r) {
     PayloadBuffer data(r.length);
     Status s = dev.Read(r.offset, data.span());
     if (!s.ok()) return DeviceErrorReply(r, s);
-    if (structured_) {
-      reply.AddHead(EncodeOffsetDataHeader(kReplyFlagDone, r.handle, r.offset, r.length));
-    } else {
-      reply.AddHead(EncodeSimpleReply(r.handle, 0));
-    }
-    reply.AddData(0, r.length);
-    reply.SetData(std::move(data));
-    return reply;
+    return DataReply(r, std::move(data));
   }
   // Structured: zero runs become OFFSET_HOLE chunks. All data is read before
   // anything is queued, so the reply is all-or-error and the last chunk can
@@ -397,6 +410,74 @@ OutgoingReply Connection::ExecuteRead(const Request& r) {
   }
   reply.SetData(std::move(data));
   return reply;
+}
+
+OutgoingReply Connection::DataReply(const Request& r, PayloadBuffer data) const {
+  OutgoingReply reply;
+  if (structured_) {
+    reply.AddHead(EncodeOffsetDataHeader(kReplyFlagDone, r.handle, r.offset, r.length));
+  } else {
+    reply.AddHead(EncodeSimpleReply(r.handle, 0));
+  }
+  reply.AddData(0, r.length);
+  reply.SetData(std::move(data));
+  return reply;
+}
+
+bool Connection::ReadAsync(const Request& r, size_t cost) {
+  if (!async_) return false;
+  // Whatever cannot be planned (compressed clusters, a device without
+  // plans, an error: ExecuteRead meets it again and answers) goes to the
+  // pool, as does a structured READ with holes, which ExecuteRead answers
+  // with hole chunks.
+  Result<block::ReadPlan> plan = export_->device->PlanRead(r.offset, r.length);
+  if (!plan.has_value()) return false;
+  const bool chunked = structured_ && !(r.flags & kCmdFlagDf);
+  for (const block::ReadPiece& p : plan->pieces) {
+    if (p.storage == nullptr ? chunked : p.storage->ReadFd() < 0) return false;
+  }
+  auto data = std::make_shared<PayloadBuffer>(r.length);
+  std::vector<AsyncReads::HostRead> reads;
+  for (const block::ReadPiece& p : plan->pieces) {
+    std::span<uint8_t> dst = data->span().subspan(p.buf_offset, p.length);
+    if (p.storage == nullptr) {
+      std::memset(dst.data(), 0, dst.size());
+    } else {
+      reads.push_back({p.storage->ReadFd(), p.host_offset, dst});
+    }
+  }
+  on_pool_.fetch_add(1, std::memory_order_acq_rel);
+  auto pins = std::make_shared<block::ReadPlan>(std::move(*plan));
+  async_->Add(reads, [this, r, cost, data, pins](Status s) mutable {
+    pins.reset();  // the host ranges are read: the engine may free them
+    OutgoingReply reply =
+        s.ok() ? DataReply(r, std::move(*data)) : DeviceErrorReply(r, s);
+    on_pool_.fetch_sub(1, std::memory_order_acq_rel);
+    Send(std::move(reply), cost);
+  });
+  return true;
+}
+
+Status Connection::WaitForRequest() {
+  if (!async_) return Status::Ok();
+  TD_RETURN_IF_ERROR(async_->Submit());
+  while (async_->pending() > 0) {
+    pollfd fds[3] = {
+        {in_fd_, POLLIN, 0}, {async_->fd(), POLLIN, 0}, {cancel_fd_, POLLIN, 0}};
+    const int n = poll(fds, cancel_fd_ >= 0 ? 3 : 2, -1);
+    if (n < 0 && errno != EINTR) return Status::FromErrno(errno, "poll");
+    if (n <= 0) continue;
+    if (fds[1].revents != 0) async_->Reap(0);
+    if (fds[0].revents != 0) return Status::Ok();  // the transport reads it (or its end)
+    if (cancel_fd_ >= 0 && fds[2].revents != 0) return Status::Busy("cancelled");
+  }
+  return Status::Ok();
+}
+
+void Connection::DrainAsync() {
+  if (!async_) return;
+  (void)async_->Submit();
+  while (async_->pending() > 0) async_->Reap(/*wait_ms=*/100);
 }
 
 OutgoingReply Connection::ExecuteBlockStatus(const Request& r) {

@@ -15,8 +15,14 @@
 //    inline_max_bytes: no thread hand-off, which is what small requests at
 //    low queue depth cost most. With inline_cached_writes, pipelined WRITEs
 //    run on the reader too while writes stay fast (see the option).
-//    Otherwise a request runs on the shared WorkerPool, so pipelined
-//    requests still run in parallel. Replies go out in completion order;
+//    Otherwise a READ the device can plan (block::Device::PlanRead) on
+//    host files with plain descriptors goes to the connection's io_uring
+//    ring (async_reads.h; ConnectionOptions::async_reads): the reader
+//    submits the host reads of all pipelined READs before it waits for the
+//    client again, and reaps their completions while it waits, sending the
+//    replies itself. Anything else runs on the shared WorkerPool, so
+//    pipelined requests still run in parallel. Replies go out in
+//    completion order;
 //  - whoever finishes a request sends its reply directly when the socket is
 //    free, without blocking (MSG_DONTWAIT); a reply the socket does not take
 //    whole, replies that find the socket busy, and every reply on a non-socket
@@ -64,6 +70,7 @@
 #include <utility>
 #include <vector>
 
+#include "nbd/async_reads.h"
 #include "nbd/export.h"
 #include "nbd/negotiation.h"
 #include "nbd/payload_buffer.h"
@@ -96,6 +103,11 @@ struct ConnectionOptions {
   std::function<void(const std::string&)> log;
   // TLS (NBD_OPT_STARTTLS) when set: offered, or required (tls.h).
   std::shared_ptr<const TlsServer> tls;
+  // READs that would go to the pool are planned (block::Device::PlanRead)
+  // and read through an io_uring ring the reader submits and reaps
+  // (async_reads.h), where the device can plan them, the transport is
+  // plain and the kernel gives a ring; the rest still go to the pool.
+  bool async_reads = true;
 };
 
 // An encoded reply waiting to be sent: small headers and, for READ, the
@@ -159,6 +171,16 @@ class Connection {
   // Run on a worker: executes a valid request, returns its encoded reply.
   OutgoingReply Execute(const Request& r, std::span<const uint8_t> payload);
   OutgoingReply ExecuteRead(const Request& r);
+  // A READ's reply carrying `data` whole (simple, or one data chunk).
+  OutgoingReply DataReply(const Request& r, PayloadBuffer data) const;
+  // Reader only: plans `r` and hands its host reads to the ring; false
+  // when it cannot (the caller then runs it on the pool).
+  bool ReadAsync(const Request& r, size_t cost);
+  // Reader only: before blocking on the client, submits the ring's reads
+  // and reaps their completions until the client's next bytes arrive.
+  Status WaitForRequest();
+  // Reader only, on the way out: reaps every ring read still out.
+  void DrainAsync();
   OutgoingReply ExecuteBlockStatus(const Request& r);
   Status ExecuteSimple(const Request& r, std::span<const uint8_t> payload);
   OutgoingReply OkReply(const Request& r) const;
@@ -192,6 +214,10 @@ class Connection {
   bool structured_ = false;
   MetaContexts contexts_;
   RequestContext request_context_;
+
+  bool tls_active_ = false;  // STARTTLS happened (Negotiate)
+  // Ring reads (ReadAsync); reader thread only. Null without one.
+  std::unique_ptr<AsyncReads> async_;
 
   // Read-ahead of the transmission phase: bytes [rpos_, rend_) of rbuf_
   // are received but not consumed. Reader thread only.

@@ -430,6 +430,7 @@ Status RunServer(const ServeOptions& options, std::vector<Export> exports) {
   so.handshake_timeout = options.handshake_timeout;
   so.connection.max_inflight_bytes = options.max_inflight_bytes;
   so.connection.inline_cached_writes = options.inline_cached_writes;
+  so.connection.async_reads = options.async_reads;
   so.connection.log = options.log;
   if (options.tls) {
     so.connection.tls = options.tls;

@@ -224,6 +224,7 @@ struct ServeOptions {
   std::chrono::milliseconds handshake_timeout{10000};  // ServerOptions'; 0: none
   size_t max_inflight_bytes = 64u << 20;        // per connection
   bool inline_cached_writes = false;  // ConnectionOptions::inline_cached_writes
+  bool async_reads = true;            // ConnectionOptions::async_reads
   std::function<void(const std::string&)> log;  // diagnostics; nullptr: silent
   // TLS: offered or required on every connection; SIGHUP re-reads its
   // credentials (logged through `log`).

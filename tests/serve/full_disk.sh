@@ -6,8 +6,8 @@
 # on the live image, leaks allowed), and once the filler is deleted the SAME
 # server must take writes and flushes again, with every acknowledged write
 # that a flush covered reading back (crash_client.c's model). Runs with the
-# default cache, with --cache=none (O_DIRECT) plus --aio=io_uring (accepted,
-# run on threads), and on a clone. Every client run has a
+# default cache (reads through the ring), with --cache=none (O_DIRECT) plus
+# --aio=threads (worker threads only), and on a clone. Every client run has a
 # time limit, so a request left unanswered fails instead of hanging.
 #
 # Needs root (mount -t tmpfs); skips otherwise unless CI is set.
@@ -91,7 +91,7 @@ cycle() {
   # 2. The server is alive: a new connection, reads of everything, and a
   # consistent image on disk.
   kill -0 "$pid" 2>/dev/null || fail "$name: the server exited on ENOSPC: $(cat "$name.err")"
-  [[ $* == *io_uring* ]] && expect_no_uring "$pid" "$name"
+  [[ $* == *threads* ]] && expect_no_uring "$pid" "$name"
   nbdinfo "$(uri "$TMP/$name.sock")" >info.out 2>&1 || { cat info.out >&2; fail "$name: nbdinfo"; }
   verify "$name.sock" "$hlog" "$name: after ENOSPC"
   live_check "$img" "after ENOSPC"
@@ -141,7 +141,7 @@ cycle() {
 }
 
 cycle default
-cycle direct --cache=none --aio=io_uring
+cycle direct --cache=none --aio=threads
 # A clone whose base (outside the full filesystem) holds data in the first
 # 4 MiB of each zone: partial writes copy from it while the disk is full.
 "$TD" create -q base.qcow2 $((4 * G))

@@ -66,11 +66,18 @@ uring_rings() {
   echo "$n"
 }
 
-# expect_no_uring PID WHAT: the server PID, after I/O, holds no io_uring
-# ring: every --aio mode, io_uring included, runs on threads (io_uring used
-# synchronously per worker lost to them; docs/performance.md).
+# expect_no_uring PID WHAT: the server PID, run with --aio=threads, holds
+# no io_uring ring: its reads go through worker threads only.
 expect_no_uring() {
   local n
   n=$(uring_rings "$1")
-  ((n == 0)) || fail "$2: $n io_uring ring(s): every --aio mode should run on threads"
+  ((n == 0)) || fail "$2: $n io_uring ring(s) under --aio=threads"
+}
+
+# expect_rings_at_most PID N WHAT: the server PID holds at most N rings
+# (one per client connection reading through it, none left by one gone).
+expect_rings_at_most() {
+  local n
+  n=$(uring_rings "$1")
+  ((n <= $2)) || fail "$3: $n io_uring ring(s) for at most $2 connection(s)"
 }

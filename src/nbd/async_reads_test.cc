@@ -1,0 +1,142 @@
+// AsyncReads (async_reads.h) on real files: many READs in one batch read
+// their bytes, the file's end reads as zeros, a failing host read fails its
+// READ alone, a READ of zeros only is done at once, and the ring's
+// descriptor wakes a poll when completions wait.
+#include "nbd/async_reads.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "util/capability_test_util.h"
+#include "util/temp_dir_test_util.h"
+
+namespace thindisk::nbd {
+namespace {
+
+std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  std::mt19937 rng(seed);
+  for (auto& b : v) b = uint8_t(rng());
+  return v;
+}
+
+class AsyncReadsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(dir_.ok());
+    const std::string path = dir_.File("data");
+    data_ = Pattern(1 << 20, 5);
+    int w = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+    ASSERT_GE(w, 0);
+    ASSERT_EQ(::write(w, data_.data(), data_.size()), ssize_t(data_.size()));
+    ::close(w);
+    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(fd_, 0);
+    ring_ = AsyncReads::Create(8);  // small: Add must submit when it fills
+    TD_REQUIRE_CAPABILITY(ring_ != nullptr, "io_uring cannot be set up here");
+  }
+  void TearDown() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  // Reaps until nothing is pending (bounded).
+  void Drain() {
+    ASSERT_TRUE(ring_->Submit().ok());
+    for (int i = 0; i < 1000 && ring_->pending() > 0; ++i) ring_->Reap(10);
+    ASSERT_EQ(ring_->pending(), 0u);
+  }
+
+  test_env::TempDir dir_;
+  std::vector<uint8_t> data_;
+  int fd_ = -1;
+  std::unique_ptr<AsyncReads> ring_;
+};
+
+TEST_F(AsyncReadsTest, ManyReadsInOneBatchReadTheirBytes) {
+  constexpr int kOps = 40;  // more pieces than the ring has slots
+  std::vector<std::vector<uint8_t>> bufs(kOps);
+  std::vector<int> done(kOps, 0);
+  std::mt19937 rng(1);
+  std::vector<std::pair<uint64_t, uint64_t>> where(kOps);  // two pieces each
+  for (int i = 0; i < kOps; ++i) {
+    const uint64_t a = rng() % (data_.size() - 8192), b = rng() % (data_.size() - 8192);
+    where[i] = {a, b};
+    bufs[i].assign(8192, 0xee);
+    const AsyncReads::HostRead reads[] = {
+        {fd_, a, std::span<uint8_t>(bufs[i]).first(4096)},
+        {fd_, b, std::span<uint8_t>(bufs[i]).subspan(4096)}};
+    ring_->Add(reads, [&done, i](Status s) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+      ++done[i];
+    });
+  }
+  EXPECT_EQ(ring_->pending(),
+            size_t(kOps) - size_t(std::count(done.begin(), done.end(), 1)));
+  Drain();
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_EQ(done[i], 1) << "READ " << i << " finished " << done[i] << " times";
+    const auto [a, b] = where[i];
+    EXPECT_TRUE(std::equal(bufs[i].begin(), bufs[i].begin() + 4096, data_.begin() + a));
+    EXPECT_TRUE(std::equal(bufs[i].begin() + 4096, bufs[i].end(), data_.begin() + b));
+  }
+}
+
+TEST_F(AsyncReadsTest, TheFilesEndReadsAsZerosAndAFailedReadFailsItsReadAlone) {
+  // Past the end: the last 1000 bytes, then zeros.
+  std::vector<uint8_t> tail(5000, 0xee);
+  Status tail_status = Status::Internal("not done");
+  const AsyncReads::HostRead tail_read[] = {{fd_, data_.size() - 1000, tail}};
+  ring_->Add(tail_read, [&](Status s) { tail_status = s; });
+  // A directory cannot be read (EISDIR): that READ fails, with its name.
+  int dir_fd = ::open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  std::vector<uint8_t> bad(8192), good(4096);
+  Status bad_status, good_status = Status::Internal("not done");
+  const AsyncReads::HostRead bad_reads[] = {
+      {fd_, 0, std::span<uint8_t>(bad).first(4096)},
+      {dir_fd, 0, std::span<uint8_t>(bad).subspan(4096)}};
+  ring_->Add(bad_reads, [&](Status s) { bad_status = s; });
+  const AsyncReads::HostRead good_read[] = {{fd_, 4096, good}};
+  ring_->Add(good_read, [&](Status s) { good_status = s; });
+  Drain();
+  ::close(dir_fd);
+  ASSERT_TRUE(tail_status.ok()) << tail_status.ToString();
+  EXPECT_TRUE(std::equal(tail.begin(), tail.begin() + 1000, data_.end() - 1000));
+  EXPECT_EQ(std::count(tail.begin() + 1000, tail.end(), 0), 4000);
+  EXPECT_FALSE(bad_status.ok());
+  EXPECT_EQ(bad_status.error_number(), EISDIR) << bad_status.ToString();
+  ASSERT_TRUE(good_status.ok()) << good_status.ToString();
+  EXPECT_TRUE(std::equal(good.begin(), good.end(), data_.begin() + 4096));
+}
+
+TEST_F(AsyncReadsTest, NothingToReadIsDoneAtOnceAndTheRingFdWakesPoll) {
+  bool zeros_done = false;
+  ring_->Add({}, [&](Status s) {
+    EXPECT_TRUE(s.ok());
+    zeros_done = true;
+  });
+  EXPECT_TRUE(zeros_done);
+  EXPECT_EQ(ring_->pending(), 0u);
+
+  std::vector<uint8_t> buf(4096);
+  bool done = false;
+  const AsyncReads::HostRead read[] = {{fd_, 8192, buf}};
+  ring_->Add(read, [&](Status) { done = true; });
+  ASSERT_TRUE(ring_->Submit().ok());
+  pollfd p{ring_->fd(), POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1) << "no completion within 10 s";
+  EXPECT_FALSE(done) << "callbacks run only in Reap";
+  ring_->Reap(0);
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(std::equal(buf.begin(), buf.end(), data_.begin() + 8192));
+}
+
+}  // namespace
+}  // namespace thindisk::nbd

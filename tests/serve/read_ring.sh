@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# READs through the server's io_uring ring (src/nbd/async_reads.h): with
+# the default --aio each reading connection has a ring, and what clients
+# read equals what an independent reader (qemu-img convert) reads, on an
+# image that sends READs down every path: data clusters (the ring), holes
+# and zeroed ranges (zeros in the plan; hole chunks on the pool),
+# compressed clusters (the pool) and a raw backing file under a clone (the
+# ring, from the base's file). With --aio=threads there is no ring and the
+# bytes are the same.
+#   1. fio's nbd engine, 4 jobs x QD16 random 4 KiB reads for 2 s: the
+#      server holds between 1 and 4 rings meanwhile (0 under --aio=threads).
+#   2. nbdcopy (4 connections, 64 requests in flight, 64 KiB and 1 MiB
+#      requests) and qemu-img convert over NBD give the image's bytes.
+#   3. Rewrites and discards while readers read (fio randrw), then the
+#      bytes again: the ring never reads a cluster freed under it.
+source "$(dirname "$0")/lib.sh"
+require_tool fio qemu-img qemu-io nbdcopy jq
+fio --enghelp=nbd >/dev/null 2>&1 || skip_or_fail "fio built without the nbd engine"
+
+M=$((1 << 20))
+# A 64 MiB raw base, a clone of it with data, zeroes, a discard and
+# compressed clusters of its own.
+qemu-img create -q -f raw base.raw 64M
+qemu-io -f raw -c "write -P 0x5b 0 48M" base.raw >/dev/null
+"$TD" create -q -f qcow2 -b base.raw -F raw clone.qcow2 64M
+qemu-io -f qcow2 -c "write -P 0x11 1M 7M" -c "write -z 20M 2M" -c "discard 30M 1M" \
+  -c "write -c -P 0x22 40M 256k" -c "write -P 0x33 50M 10M" clone.qcow2 >/dev/null
+qemu-img convert -f qcow2 -O raw clone.qcow2 want.raw
+
+# rings_during PID: the most rings PID held while fio read for 2 s.
+rings_during() {
+  local pid=$1 most=0 n i
+  fio --name=r --ioengine=nbd --uri="$(uri "$TMP/s.sock")" --rw=randread --bs=4k \
+    --iodepth=16 --numjobs=4 --size=64M --time_based --runtime=2 \
+    --output-format=json --output=fio.json >fio.log 2>fio.err &
+  local fio_pid=$!
+  for ((i = 0; i < 40; i++)); do
+    n=$(uring_rings "$pid")
+    ((n > most)) && most=$n
+    sleep 0.05
+  done
+  wait "$fio_pid" || { cat fio.err >&2; fail "fio randread failed"; }
+  expect_eq "fio read errors" "$(jq '.jobs[0].error' fio.json)" 0
+  echo "$most"
+}
+
+for aio in default threads; do
+  args=()
+  [[ $aio == threads ]] && args=(--aio=threads)
+  log "--aio $aio"
+  serve_unix s s.sock "${args[@]}" clone.qcow2
+  pid=$SERVER_PID
+  most=$(rings_during "$pid")
+  if [[ $aio == threads ]]; then
+    expect_eq "rings under --aio=threads" "$most" 0
+  else
+    ((most >= 1 && most <= 4)) || fail "rings while 4 fio jobs read: $most (expected 1 to 4)"
+  fi
+  for rs in 65536 1048576; do
+    rm -f got.raw
+    timeout 120 nbdcopy --connections=4 --requests=64 --request-size="$rs" \
+      "$(uri "$TMP/s.sock")" got.raw || fail "nbdcopy --request-size=$rs"
+    cmp want.raw got.raw || fail "$aio: nbdcopy --request-size=$rs read other bytes"
+  done
+  qemu-img convert -f raw -O raw "$(uri "$TMP/s.sock")" got.raw
+  cmp want.raw got.raw || fail "$aio: qemu-img convert over NBD read other bytes"
+  stop_server "$pid" s
+done
+
+log "rewrites and discards while readers read"
+cp clone.qcow2 busy.qcow2
+serve_unix s s.sock busy.qcow2
+pid=$SERVER_PID
+# Writers and readers on the same 8 MiB: trims free clusters that reads
+# may have planned, rewrites take them again.
+timeout 120 fio --name=w --ioengine=nbd --uri="$(uri "$TMP/s.sock")" --rw=randrw \
+  --rwmixread=70 --bs=64k --iodepth=16 --numjobs=2 --offset=1M --size=8M \
+  --number_ios=3000 --output-format=json --output=rw.json >rw.log 2>rw.err &
+rw_pid=$!
+timeout 120 fio --name=t --ioengine=nbd --uri="$(uri "$TMP/s.sock")" --rw=randtrim \
+  --bs=64k --iodepth=4 --offset=1M --size=8M --number_ios=500 \
+  --output-format=json --output=trim.json >trim.log 2>trim.err ||
+  { cat trim.err >&2; fail "fio randtrim failed"; }
+wait "$rw_pid" || { cat rw.err >&2; fail "fio randrw failed"; }
+expect_eq "randrw errors" "$(jq '.jobs[0].error' rw.json)" 0
+qemu-img convert -f raw -O raw "$(uri "$TMP/s.sock")" busy-nbd.raw
+stop_server "$pid" s
+check_clean busy.qcow2
+qemu-img convert -f qcow2 -O raw busy.qcow2 busy-file.raw
+cmp busy-file.raw busy-nbd.raw || fail "after the busy run the server read other bytes than the file holds"
+cmp <(head -c $((40 * M)) want.raw | tail -c $((30 * M))) \
+  <(head -c $((40 * M)) busy-file.raw | tail -c $((30 * M))) ||
+  fail "bytes outside the rewritten range changed"
+log "read_ring: ok"
