@@ -1,30 +1,13 @@
 #include "nbd/async_reads.h"
 
 #include <liburing.h>
-#include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <utility>
 #include <vector>
 
 namespace thindisk::nbd {
 namespace {
-
-// pread until `dst` is full or the file ends (the rest then reads as zeros).
-Status PreadRest(int fd, uint64_t offset, std::span<uint8_t> dst) {
-  size_t done = 0;
-  while (done < dst.size()) {
-    const ssize_t n =
-        pread(fd, dst.data() + done, dst.size() - done, off_t(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::FromErrno(errno, "read");
-    if (n == 0) break;
-    done += size_t(n);
-  }
-  std::memset(dst.data() + done, 0, dst.size() - done);
-  return Status::Ok();
-}
 
 class RingReads final : public AsyncReads {
  public:
@@ -43,21 +26,14 @@ class RingReads final : public AsyncReads {
     ++pending_;
     if (reads.empty()) return Finish(op);
     for (const HostRead& r : reads) {
-      if (broken_) {  // the ring failed once: read here from now on
-        Complete(new Piece{op, r}, -EAGAIN);
-        continue;
-      }
-      io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-      if (sqe == nullptr) {
-        (void)Submit();  // the queue is full: hand it over and go on
-        sqe = io_uring_get_sqe(&ring_);
-      }
       auto* piece = new Piece{op, r};
-      if (sqe == nullptr || broken_) {  // the ring refused even then: read it here
+      const int fd = r.storage->ReadFd();
+      io_uring_sqe* sqe = fd < 0 ? nullptr : NextSqe();
+      if (sqe == nullptr) {  // no descriptor, or no ring: read it here
         Complete(piece, -EAGAIN);
         continue;
       }
-      io_uring_prep_read(sqe, r.fd, r.dst.data(), unsigned(r.dst.size()), r.offset);
+      io_uring_prep_read(sqe, fd, r.dst.data(), unsigned(r.dst.size()), r.offset);
       io_uring_sqe_set_data(sqe, piece);
       queued_.push_back(piece);
     }
@@ -90,7 +66,7 @@ class RingReads final : public AsyncReads {
 
   void Reap(int wait_ms) override {
     io_uring_cqe* cqe = nullptr;
-    if (wait_ms > 0 && in_flight() > 0) {
+    if (wait_ms > 0 && pending_ > 0) {
       __kernel_timespec ts{wait_ms / 1000, (wait_ms % 1000) * 1000000LL};
       (void)io_uring_wait_cqe_timeout(&ring_, &cqe, &ts);
     }
@@ -117,18 +93,26 @@ class RingReads final : public AsyncReads {
     HostRead read;
   };
 
-  size_t in_flight() const { return pending_; }
+  // A free submission entry (submitting the full queue first when there
+  // is none); null once the ring has failed.
+  io_uring_sqe* NextSqe() {
+    if (broken_) return nullptr;
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    if (sqe != nullptr) return sqe;
+    (void)Submit();
+    return broken_ ? nullptr : io_uring_get_sqe(&ring_);
+  }
 
   void Complete(Piece* piece, int res) {
     std::unique_ptr<Piece> owned(piece);
     const HostRead& r = piece->read;
     Status s;
     if (res == -EAGAIN || res == -EINTR) {
-      s = PreadRest(r.fd, r.offset, r.dst);
+      s = r.storage->ReadAt(r.offset, r.dst);
     } else if (res < 0) {
-      s = Status::FromErrno(-res, "read");
+      s = Status::FromErrno(-res, r.storage->name() + ": read");
     } else if (size_t(res) < r.dst.size()) {
-      s = PreadRest(r.fd, r.offset + size_t(res), r.dst.subspan(size_t(res)));
+      s = r.storage->ReadAt(r.offset + size_t(res), r.dst.subspan(size_t(res)));
     }
     Op& op = *piece->op;
     if (!s.ok() && op.status.ok()) op.status = s;

@@ -12,9 +12,9 @@
 // The reader thread does everything here: Add queues reads, Submit hands
 // the queue to the kernel, Reap finishes what has completed and runs each
 // READ's callback once all its reads are done. A short read (the host file
-// ends early: zeros, as io::Storage::ReadAt reads it) and a read the ring
-// gave back (EAGAIN, EINTR) are finished with pread on the spot; any other
-// error fails that READ alone.
+// ends early) and a read the ring gave back (EAGAIN, EINTR) are finished on
+// the spot by the storage's own ReadAt, which reads the file's end as
+// zeros; any other error fails that READ alone.
 //
 // Thread safety: one thread (the connection's reader) uses an instance.
 #pragma once
@@ -24,15 +24,17 @@
 #include <memory>
 #include <span>
 
+#include "io/storage.h"
 #include "util/status.h"
 
 namespace thindisk::nbd {
 
 class AsyncReads {
  public:
-  // One host read: `dst.size()` bytes of `fd` at `offset`.
+  // One host read: `dst.size()` bytes of `storage` at `offset`, through
+  // its ReadFd() (a storage without one is read at once by ReadAt).
   struct HostRead {
-    int fd;
+    io::Storage* storage;
     uint64_t offset;
     std::span<uint8_t> dst;
   };

@@ -1,7 +1,8 @@
 // AsyncReads (async_reads.h) on real files: many READs in one batch read
 // their bytes, the file's end reads as zeros, a failing host read fails its
-// READ alone, a READ of zeros only is done at once, and the ring's
-// descriptor wakes a poll when completions wait.
+// READ alone, a storage without a descriptor is read at once, a READ of
+// zeros only is done at once, and the ring's descriptor wakes a poll when
+// completions wait.
 #include "nbd/async_reads.h"
 
 #include <fcntl.h>
@@ -14,6 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "io/forwarding_storage.h"
+#include "io/memory_storage.h"
+#include "io/posix_storage.h"
 #include "util/capability_test_util.h"
 #include "util/temp_dir_test_util.h"
 
@@ -31,19 +35,16 @@ class AsyncReadsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_TRUE(dir_.ok());
-    const std::string path = dir_.File("data");
     data_ = Pattern(1 << 20, 5);
-    int w = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
-    ASSERT_GE(w, 0);
-    ASSERT_EQ(::write(w, data_.data(), data_.size()), ssize_t(data_.size()));
-    ::close(w);
-    fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    ASSERT_GE(fd_, 0);
+    io::OpenOptions o;
+    o.create = true;
+    auto file = io::OpenFile(dir_.File("data"), o);
+    ASSERT_TRUE(file.has_value()) << file.status().ToString();
+    file_ = std::move(*file);
+    ASSERT_TRUE(file_->WriteAt(0, data_).ok());
+    ASSERT_GE(file_->ReadFd(), 0);
     ring_ = AsyncReads::Create(8);  // small: Add must submit when it fills
     TD_REQUIRE_CAPABILITY(ring_ != nullptr, "io_uring cannot be set up here");
-  }
-  void TearDown() override {
-    if (fd_ >= 0) ::close(fd_);
   }
 
   // Reaps until nothing is pending (bounded).
@@ -55,7 +56,7 @@ class AsyncReadsTest : public ::testing::Test {
 
   test_env::TempDir dir_;
   std::vector<uint8_t> data_;
-  int fd_ = -1;
+  std::unique_ptr<io::Storage> file_;
   std::unique_ptr<AsyncReads> ring_;
 };
 
@@ -70,8 +71,8 @@ TEST_F(AsyncReadsTest, ManyReadsInOneBatchReadTheirBytes) {
     where[i] = {a, b};
     bufs[i].assign(8192, 0xee);
     const AsyncReads::HostRead reads[] = {
-        {fd_, a, std::span<uint8_t>(bufs[i]).first(4096)},
-        {fd_, b, std::span<uint8_t>(bufs[i]).subspan(4096)}};
+        {file_.get(), a, std::span<uint8_t>(bufs[i]).first(4096)},
+        {file_.get(), b, std::span<uint8_t>(bufs[i]).subspan(4096)}};
     ring_->Add(reads, [&done, i](Status s) {
       EXPECT_TRUE(s.ok()) << s.ToString();
       ++done[i];
@@ -92,18 +93,24 @@ TEST_F(AsyncReadsTest, TheFilesEndReadsAsZerosAndAFailedReadFailsItsReadAlone) {
   // Past the end: the last 1000 bytes, then zeros.
   std::vector<uint8_t> tail(5000, 0xee);
   Status tail_status = Status::Internal("not done");
-  const AsyncReads::HostRead tail_read[] = {{fd_, data_.size() - 1000, tail}};
+  const AsyncReads::HostRead tail_read[] = {{file_.get(), data_.size() - 1000, tail}};
   ring_->Add(tail_read, [&](Status s) { tail_status = s; });
-  // A directory cannot be read (EISDIR): that READ fails, with its name.
+  // A directory cannot be read (EISDIR): that READ fails, naming the storage.
   int dir_fd = ::open(dir_.path().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   ASSERT_GE(dir_fd, 0);
+  struct DirFd final : io::ForwardingStorage {
+    DirFd(std::unique_ptr<io::Storage> inner, int fd)
+        : ForwardingStorage(std::move(inner)), fd(fd) {}
+    int ReadFd() const override { return fd; }
+    int fd;
+  } dir(io::NewMemoryStorage("dir"), dir_fd);
   std::vector<uint8_t> bad(8192), good(4096);
   Status bad_status, good_status = Status::Internal("not done");
   const AsyncReads::HostRead bad_reads[] = {
-      {fd_, 0, std::span<uint8_t>(bad).first(4096)},
-      {dir_fd, 0, std::span<uint8_t>(bad).subspan(4096)}};
+      {file_.get(), 0, std::span<uint8_t>(bad).first(4096)},
+      {&dir, 0, std::span<uint8_t>(bad).subspan(4096)}};
   ring_->Add(bad_reads, [&](Status s) { bad_status = s; });
-  const AsyncReads::HostRead good_read[] = {{fd_, 4096, good}};
+  const AsyncReads::HostRead good_read[] = {{file_.get(), 4096, good}};
   ring_->Add(good_read, [&](Status s) { good_status = s; });
   Drain();
   ::close(dir_fd);
@@ -112,8 +119,26 @@ TEST_F(AsyncReadsTest, TheFilesEndReadsAsZerosAndAFailedReadFailsItsReadAlone) {
   EXPECT_EQ(std::count(tail.begin() + 1000, tail.end(), 0), 4000);
   EXPECT_FALSE(bad_status.ok());
   EXPECT_EQ(bad_status.error_number(), EISDIR) << bad_status.ToString();
+  EXPECT_NE(bad_status.message().find("dir: read"), std::string::npos)
+      << bad_status.ToString();
   ASSERT_TRUE(good_status.ok()) << good_status.ToString();
   EXPECT_TRUE(std::equal(good.begin(), good.end(), data_.begin() + 4096));
+}
+
+TEST_F(AsyncReadsTest, AStorageWithoutADescriptorIsReadAtOnce) {
+  auto mem = io::NewMemoryStorage("mem");
+  ASSERT_TRUE(mem->WriteAt(0, data_).ok());
+  ASSERT_EQ(mem->ReadFd(), -1);
+  std::vector<uint8_t> buf(3000);
+  bool done = false;
+  const AsyncReads::HostRead read[] = {{mem.get(), 777, buf}};
+  ring_->Add(read, [&](Status s) {
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    done = true;
+  });
+  EXPECT_TRUE(done) << "nothing went to the ring: the READ is done when added";
+  EXPECT_EQ(ring_->pending(), 0u);
+  EXPECT_TRUE(std::equal(buf.begin(), buf.end(), data_.begin() + 777));
 }
 
 TEST_F(AsyncReadsTest, NothingToReadIsDoneAtOnceAndTheRingFdWakesPoll) {
@@ -127,7 +152,7 @@ TEST_F(AsyncReadsTest, NothingToReadIsDoneAtOnceAndTheRingFdWakesPoll) {
 
   std::vector<uint8_t> buf(4096);
   bool done = false;
-  const AsyncReads::HostRead read[] = {{fd_, 8192, buf}};
+  const AsyncReads::HostRead read[] = {{file_.get(), 8192, buf}};
   ring_->Add(read, [&](Status) { done = true; });
   ASSERT_TRUE(ring_->Submit().ok());
   pollfd p{ring_->fd(), POLLIN, 0};

@@ -443,7 +443,7 @@ bool Connection::ReadAsync(const Request& r, size_t cost) {
     if (p.storage == nullptr) {
       std::memset(dst.data(), 0, dst.size());
     } else {
-      reads.push_back({p.storage->ReadFd(), p.host_offset, dst});
+      reads.push_back({p.storage, p.host_offset, dst});
     }
   }
   on_pool_.fetch_add(1, std::memory_order_acq_rel);

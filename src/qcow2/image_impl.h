@@ -111,6 +111,9 @@ class ImageImpl final : public Image {
   // Queues the release of whatever host space `m` holds.
   void FreeMappingLocked(const L2Mapping& m);
   SubState StateOf(const L2Mapping& m, uint32_t sub) const;
+  // Where the run of subclusters in the state of the one holding cluster
+  // offset `pos` ends (at most `end`), for a cluster mapped by `m`.
+  uint64_t RunEnd(const L2Mapping& m, uint64_t pos, uint64_t end) const;
   // Whether [in_off, in_off + len) of a cluster mapped by `m` is all data
   // in place (one host range).
   bool AllData(const L2Mapping& m, uint64_t in_off, uint64_t len) const;

@@ -21,6 +21,15 @@ bool ImageImpl::BackingCovers(uint64_t gc) const {
   return backing_ && (gc << cluster_bits_) < backing_->size();
 }
 
+uint64_t ImageImpl::RunEnd(const L2Mapping& m, uint64_t pos, uint64_t end) const {
+  const SubState state = StateOf(m, uint32_t(pos / scs()));
+  uint64_t run_end = std::min<uint64_t>(end, (pos / scs() + 1) * scs());
+  while (run_end < end && StateOf(m, uint32_t(run_end / scs())) == state) {
+    run_end = std::min<uint64_t>(end, run_end + scs());
+  }
+  return run_end;
+}
+
 Status ImageImpl::ReadWithMapping(uint64_t gc, const L2Mapping& m, uint64_t in_off,
                                   std::span<uint8_t> out) {
   uint64_t guest_base = gc << cluster_bits_;
@@ -35,12 +44,8 @@ Status ImageImpl::ReadWithMapping(uint64_t gc, const L2Mapping& m, uint64_t in_o
   uint64_t pos = in_off;
   uint64_t end = in_off + out.size();
   while (pos < end) {
-    uint32_t sub = uint32_t(pos / scs());
-    SubState state = StateOf(m, sub);
-    uint64_t run_end = std::min<uint64_t>(end, uint64_t(sub + 1) * scs());
-    while (run_end < end && StateOf(m, uint32_t(run_end / scs())) == state) {
-      run_end = std::min<uint64_t>(end, run_end + scs());
-    }
+    const SubState state = StateOf(m, uint32_t(pos / scs()));
+    const uint64_t run_end = RunEnd(m, pos, end);
     std::span<uint8_t> piece = out.subspan(pos - in_off, run_end - pos);
     switch (state) {
       case SubState::kData:
@@ -169,10 +174,7 @@ Status ImageImpl::PlanWithMapping(uint64_t gc, const L2Mapping& m, uint64_t in_o
   const uint64_t end = in_off + length;
   while (pos < end) {
     const SubState state = StateOf(m, uint32_t(pos / scs()));
-    uint64_t run_end = std::min<uint64_t>(end, (pos / scs() + 1) * scs());
-    while (run_end < end && StateOf(m, uint32_t(run_end / scs())) == state) {
-      run_end = std::min<uint64_t>(end, run_end + scs());
-    }
+    const uint64_t run_end = RunEnd(m, pos, end);
     const uint64_t at = buf_offset + (pos - in_off), n = run_end - pos;
     switch (state) {
       case SubState::kData:
