@@ -113,9 +113,11 @@ class Device {
   virtual Status Close() = 0;
 
   // What Read(offset, buf of `length`) would read, as a ReadPlan, without
-  // reading. kNotSupported where some piece only Read can produce
-  // (compressed clusters, a view that changes what it reads): the caller
-  // then uses Read. Errors as Read's.
+  // reading: not even metadata, so a plan never waits for the disk.
+  // kNotSupported where some piece only Read can produce (compressed
+  // clusters, a view that changes what it reads) or where a table that
+  // says where the bytes are is not in memory: the caller then uses Read.
+  // Errors as Read's.
   virtual Result<ReadPlan> PlanRead(uint64_t /*offset*/, uint64_t /*length*/) {
     return Status::NotSupported("this device reads only through Read");
   }

@@ -1,6 +1,10 @@
 // Many threads on one image: overlapping clusters, disjoint bytes, checked
 // against per-thread models; and flush ordering seen by a recording storage.
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
 #include <thread>
 
 #include "io/forwarding_storage.h"
@@ -157,15 +161,20 @@ bool FlushBetween(const std::vector<RecordingStorage::Op>& ops, int a, int b) {
   return false;
 }
 
+// A new image of `size` bytes with 64 KiB clusters, in memory.
+std::unique_ptr<io::MemoryStorage> NewImage(uint64_t size, bool ext) {
+  auto mem = io::NewMemoryStorage("test.qcow2");
+  CreateOptions o;
+  o.size = size;
+  o.cluster_size = 65536;
+  o.extended_l2 = ext;
+  EXPECT_TRUE(Create(*mem, o).ok());
+  return mem;
+}
+
 TEST(FlushOrderingTest, DataThenRefcountsThenL2ThenL1) {
   for (bool ext : {false, true}) {
-    auto mem = io::NewMemoryStorage("ordered.qcow2");
-    CreateOptions o;
-    o.size = 64 << 20;
-    o.cluster_size = 65536;
-    o.extended_l2 = ext;
-    ASSERT_TRUE(Create(*mem, o).ok());
-    auto rec_owned = std::make_unique<RecordingStorage>(std::move(mem));
+    auto rec_owned = std::make_unique<RecordingStorage>(NewImage(64 << 20, ext));
     RecordingStorage* rec = rec_owned.get();
     auto img = Image::Open(std::move(rec_owned), {});
     ASSERT_TRUE(img.has_value());
@@ -188,8 +197,8 @@ TEST(FlushOrderingTest, DataThenRefcountsThenL2ThenL1) {
     uint64_t rc_block = LoadBe64(raw);
 
     int data_w = FirstWrite(ops, data_host, 4096);
-    int rc_w = FirstWrite(ops, rc_block, o.cluster_size);
-    int l2_w = FirstWrite(ops, l2, o.cluster_size);
+    int rc_w = FirstWrite(ops, rc_block, 65536);
+    int l2_w = FirstWrite(ops, l2, 65536);
     int l1_w = FirstWrite(ops, h.l1_table_offset, 8);
     ASSERT_GE(data_w, 0);
     ASSERT_GE(rc_w, 0);
@@ -202,6 +211,134 @@ TEST(FlushOrderingTest, DataThenRefcountsThenL2ThenL1) {
     EXPECT_TRUE(FlushBetween(ops, rc_w, l2_w)) << "ext=" << ext;
     EXPECT_TRUE(FlushBetween(ops, l2_w, l1_w)) << "ext=" << ext;
     EXPECT_TRUE(ops.back().flush);
+  }
+}
+
+// A storage whose syncs wait, once armed, until the test lets them go.
+class HeldSyncStorage : public io::ForwardingStorage {
+ public:
+  explicit HeldSyncStorage(std::unique_ptr<io::Storage> inner)
+      : ForwardingStorage(std::move(inner)) {}
+  Status Flush() override {
+    std::unique_lock l(mu_);
+    if (armed_) {
+      ++waiting_;
+      changed_.notify_all();
+      changed_.wait(l, [&] { return !armed_; });
+    }
+    return inner().Flush();
+  }
+  void Arm() {
+    std::lock_guard l(mu_);
+    armed_ = true;
+  }
+  // Waits (at most 10 s) until a sync is held.
+  bool WaitHeld() {
+    std::unique_lock l(mu_);
+    return changed_.wait_for(l, std::chrono::seconds(10), [&] { return waiting_ > 0; });
+  }
+  void Release() {
+    std::lock_guard l(mu_);
+    armed_ = false;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool armed_ = false;
+  int waiting_ = 0;
+};
+
+// A flush with no metadata to write is one sync of the data, and reads and
+// writes of allocated clusters go on while it waits for the disk (a
+// database's reads beside its log's fsync). A flush that must write
+// metadata holds them back, as its ordering needs (the test above).
+TEST(FlushConcurrencyTest, CleanFlushSyncsWithoutBlockingRequests) {
+  for (bool ext : {false, true}) {
+    auto held_owned = std::make_unique<HeldSyncStorage>(NewImage(16 << 20, ext));
+    HeldSyncStorage* held = held_owned.get();
+    auto img = Image::Open(std::move(held_owned), {});
+    ASSERT_TRUE(img.has_value());
+    Image& image = **img;
+    const std::vector<uint8_t> data = Pattern(1, 4 << 20);
+    ASSERT_TRUE(image.Write(0, data).ok());
+    ASSERT_TRUE(image.Flush().ok());  // every mapping durable: nothing dirty
+
+    held->Arm();
+    auto flush = std::async(std::launch::async, [&] { return image.Flush(); });
+    ASSERT_TRUE(held->WaitHeld()) << "the flush never synced";
+    // Requests on other threads, bounded: a flush holding the metadata lock
+    // across its sync would keep them waiting until Release.
+    auto requests = std::async(std::launch::async, [&] {
+      std::vector<uint8_t> got(8192);
+      Status s = image.Read(1 << 20, got);
+      const auto want = std::span<const uint8_t>(data).subspan(1 << 20, got.size());
+      if (s.ok() && !std::equal(want.begin(), want.end(), got.begin())) {
+        s = Status::Internal("read other bytes than were written");
+      }
+      if (s.ok()) s = image.Write(2 << 20, Pattern(2, 4096));
+      return s;
+    });
+    const bool ran =
+        requests.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    held->Release();
+    EXPECT_TRUE(ran) << "ext=" << ext << ": requests waited for the flush's sync";
+    EXPECT_TRUE(requests.get().ok());
+    EXPECT_TRUE(flush.get().ok());
+
+    std::vector<uint8_t> got(4096);
+    ASSERT_TRUE(image.Read(2 << 20, got).ok());
+    EXPECT_EQ(got, Pattern(2, 4096));
+  }
+}
+
+// A flush that has mappings to write syncs the data first without the lock,
+// so another write can complete (and change a mapping) before the flush
+// takes the lock again. Its data was not covered by that sync: the flush
+// must sync once more before it writes the L2 table naming it.
+TEST(FlushConcurrencyTest, WriteDuringTheDataSyncIsSyncedBeforeItsMapping) {
+  for (bool ext : {false, true}) {
+    auto held_owned = std::make_unique<HeldSyncStorage>(NewImage(16 << 20, ext));
+    HeldSyncStorage* held = held_owned.get();
+    auto rec_owned = std::make_unique<RecordingStorage>(std::move(held_owned));
+    RecordingStorage* rec = rec_owned.get();
+    auto img = Image::Open(std::move(rec_owned), {});
+    ASSERT_TRUE(img.has_value());
+    Image& image = **img;
+    ASSERT_TRUE(image.Write(0, Pattern(1, 4096)).ok());
+    ASSERT_TRUE(image.Flush().ok());  // the L2 table exists and is durable
+    ASSERT_TRUE(image.Write(1 << 20, Pattern(2, 4096)).ok());  // a mapping to write
+
+    held->Arm();
+    auto flush = std::async(std::launch::async, [&] { return image.Flush(); });
+    ASSERT_TRUE(held->WaitHeld()) << "the flush never synced";
+    auto write = std::async(std::launch::async,
+                            [&] { return image.Write(2 << 20, Pattern(3, 4096)); });
+    const bool ran =
+        write.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    held->Release();
+    EXPECT_TRUE(ran) << "ext=" << ext << ": a write waited for the flush's data sync";
+    ASSERT_TRUE(write.get().ok());
+    ASSERT_TRUE(flush.get().ok());
+    ASSERT_TRUE(image.Flush().ok());
+
+    auto st = image.GetStatus(2 << 20, 4096);
+    ASSERT_TRUE(st.has_value() && st->has_host_offset);
+    uint8_t raw[8];
+    ASSERT_TRUE(image.storage().ReadAt(image.header().l1_table_offset, raw).ok());
+    const uint64_t l2 = L1Offset(LoadBe64(raw));
+    const auto ops = rec->ops();
+    const int data_w = FirstWrite(ops, st->host_offset, 4096);
+    ASSERT_GE(data_w, 0);
+    const int l2_w = FirstWrite(ops, l2, 65536, size_t(data_w) + 1);
+    ASSERT_GT(l2_w, data_w);
+    // Rule: data is durable before the L2 entry that points at it.
+    EXPECT_TRUE(FlushBetween(ops, data_w, l2_w)) << "ext=" << ext;
+
+    std::vector<uint8_t> got(4096);
+    ASSERT_TRUE(image.Read(2 << 20, got).ok());
+    EXPECT_EQ(got, Pattern(3, 4096));
   }
 }
 

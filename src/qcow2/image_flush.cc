@@ -50,8 +50,11 @@ Status ImageImpl::FlushMetadataLocked() {
   }
   // Stage 3: L2 tables. Rule: data is durable before the L2 entry that
   // points at it — guaranteed by a sync before this stage.
+  // FlushAll's sync counts when no table changed since it began.
   if (l2_cache_->HasDirty()) {
-    if (!synced) TD_RETURN_IF_ERROR(storage_->Flush());
+    if (!synced && l2_cache_->changes() != l2_changes_synced_) {
+      TD_RETURN_IF_ERROR(storage_->Flush());
+    }
     TD_RETURN_IF_ERROR(l2_cache_->WriteDirty());
     TD_RETURN_IF_ERROR(storage_->Flush());
     synced = true;
@@ -105,11 +108,37 @@ Status ImageImpl::FlushMetadataLocked() {
   return Status::Ok();
 }
 
+bool ImageImpl::MetadataDirtyLocked() const {
+  return allocator_->HasDirtyBlocks() || allocator_->HasDirtyTable() ||
+         l2_cache_->HasDirty() || l1_moved_ || !l1_dirty_.empty() || header_dirty_;
+}
+
 Status ImageImpl::FlushAll() {
   std::vector<Allocator::Range> frees;
+  bool clean = false;
+  bool sync_first = false;
+  uint64_t l2_changes = 0;
   {
     std::lock_guard lock(mu_);
-    TD_RETURN_IF_ERROR(FlushMetadataLocked());
+    clean = !MetadataDirtyLocked();
+    // Stage 1 syncs under the lock anyway when refcounts are to be written.
+    sync_first =
+        !read_only_ && !allocator_->HasDirtyBlocks() && !allocator_->HasDirtyTable();
+    l2_changes = l2_cache_->changes();
+  }
+  // The data sync, without the metadata lock: requests that look up
+  // mappings (every read, every write) go on while it waits for the disk,
+  // as they would on a raw file. It covers the data of every write whose
+  // mapping is in the cache by now (a write changes its mapping after its
+  // data is written). When nothing was dirty, that is all the flush owes:
+  // the mapping of every write that completed before it is durable.
+  if (sync_first) TD_RETURN_IF_ERROR(storage_->Flush());
+  {
+    std::lock_guard lock(mu_);
+    if (!clean || !sync_first) {
+      if (sync_first) l2_changes_synced_ = l2_changes;
+      TD_RETURN_IF_ERROR(FlushMetadataLocked());
+    }
     frees = allocator_->TakeDeferredFrees();
   }
   if (frees.empty()) return Status::Ok();

@@ -23,13 +23,15 @@
 //              waits for (WaitForReaders).
 //   range_lock_ one guest cluster per writer piece.
 //   mu_        metadata: L1, both caches, allocator, header copy. Never held
-//              across data I/O (table loads excepted).
+//              across data I/O; held across table loads except a reader's
+//              L2 load (LookupForReadLocked).
 //   tracker_   its own lock, taken by Mark before a request takes any other
 //              (bitmap_tracker.h); never while holding mu_ during requests.
 // Lock order: flush_mu_ > range lock > free_gate_ > mu_ > compressed_mu_.
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -103,6 +105,14 @@ class ImageImpl final : public Image {
 
   // ---- mapping (image_map.cc); all REQUIRE mu_ ----
   Result<L2Mapping> LookupLocked(uint64_t guest_cluster);
+  // LookupLocked for a reader: an L2 table not in memory is read with `lock`
+  // (on mu_) released meanwhile, so lookups of other tables, and writes,
+  // need not wait for the disk. One reader loads a table; others wanting
+  // it wait for that load.
+  Result<L2Mapping> LookupForReadLocked(uint64_t guest_cluster,
+                                        std::unique_lock<std::mutex>& lock);
+  // Whether the L2 entry of `gc` is in memory (or there is no L2 table).
+  bool L2InMemoryLocked(uint64_t guest_cluster) const;
   Status SetMappingLocked(uint64_t guest_cluster, const L2Mapping& m);
   // The L2 table that maps `gc`, ready to be changed: allocated when there
   // is none, copied when a snapshot shares it.
@@ -281,6 +291,7 @@ class ImageImpl final : public Image {
 
   // ---- flush (image_flush.cc) ----
   Status FlushMetadataLocked();  // stages 1-4; REQUIRES mu_
+  bool MetadataDirtyLocked() const;  // anything for stages 1-4 to write; REQUIRES mu_
   Status WriteHeaderLocked();    // encodes header_ at offset 0; REQUIRES mu_
   Status FlushAll();             // stages 1-5; REQUIRES flush_mu_
 
@@ -314,8 +325,14 @@ class ImageImpl final : public Image {
   bool l1_moved_ = false;          // guarded by mu_: l1_ lives at new_l1_offset_
   uint64_t new_l1_offset_ = 0;     // guarded by mu_
   std::unique_ptr<TableCache> l2_cache_;     // guarded by mu_
+  std::condition_variable l2_loaded_;        // with mu_: a reader's L2 load ended
   std::unique_ptr<Allocator> allocator_;     // guarded by mu_
   bool in_metadata_flush_ = false;           // guarded by mu_
+  // guarded by mu_: the L2 cache's changes() when a sync that FlushAll made
+  // without the lock began. Every data write whose mapping was in the cache
+  // by then is durable, so while the count is unchanged stage 3 needs no
+  // sync of its own before it writes L2 tables.
+  uint64_t l2_changes_synced_ = ~uint64_t{0};
   // The bitmap directory as on disk (empty without a consistent bitmaps
   // extension), and the tracker of the enabled bitmaps (every read-write
   // open has one, set in Init and never replaced; it may track none).

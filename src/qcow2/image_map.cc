@@ -75,6 +75,37 @@ Result<L2Mapping> ImageImpl::LookupLocked(uint64_t gc) {
   return m;
 }
 
+bool ImageImpl::L2InMemoryLocked(uint64_t gc) const {
+  const uint64_t l1i = gc / l2_entries_;
+  if (l1i >= l1_.size()) return true;
+  const uint64_t l2_offset = L1Offset(l1_[l1i]);
+  return l2_offset == 0 || l2_cache_->Cached(l2_offset);
+}
+
+Result<L2Mapping> ImageImpl::LookupForReadLocked(uint64_t gc,
+                                                 std::unique_lock<std::mutex>& lock) {
+  // A few rounds at most: the table may be replaced (copied, dropped) while
+  // it is read, and then LookupLocked loads it under the lock.
+  for (int round = 0; round < 4 && !L2InMemoryLocked(gc); ++round) {
+    const uint64_t l2_offset = L1Offset(l1_[gc / l2_entries_]);
+    if (l2_offset + cluster_size_ > allocator_->host_end())
+      break;  // LookupLocked says why
+    if (!l2_cache_->BeginLoad(l2_offset)) {
+      l2_loaded_.wait(lock);  // another reader loads it
+      continue;
+    }
+    lock.unlock();
+    std::vector<uint8_t> data(cluster_size_);
+    Status read = storage_->ReadAt(l2_offset, data);
+    lock.lock();
+    Status kept = l2_cache_->FinishLoad(l2_offset, std::move(data), read.ok());
+    l2_loaded_.notify_all();
+    TD_RETURN_IF_ERROR(read);
+    TD_RETURN_IF_ERROR(kept);
+  }
+  return LookupLocked(gc);
+}
+
 Result<std::shared_ptr<Table>> ImageImpl::WritableL2Locked(uint64_t gc) {
   uint64_t l1i = gc / l2_entries_;
   if (l1i >= l1_.size()) return Status::Internal(GuestPos(gc) + ": beyond the L1 table");

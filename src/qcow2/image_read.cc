@@ -100,8 +100,8 @@ Status ImageImpl::Read(uint64_t offset, std::span<uint8_t> buf) {
     uint64_t len = std::min<uint64_t>(buf.size() - done, cluster_size_ - in_off);
     L2Mapping m;
     {
-      std::lock_guard lock(mu_);
-      TD_ASSIGN_OR_RETURN(m, LookupLocked(gc));
+      std::unique_lock lock(mu_);
+      TD_ASSIGN_OR_RETURN(m, LookupForReadLocked(gc, lock));
     }
     if (AllData(m, in_off, len)) {
       const uint64_t host = m.host_offset + in_off;
@@ -214,6 +214,10 @@ Result<block::ReadPlan> ImageImpl::PlanRead(uint64_t offset, uint64_t length) {
     L2Mapping m;
     {
       std::lock_guard lock(mu_);
+      // A plan is made on a thread that must not wait for the disk.
+      if (!L2InMemoryLocked(gc)) {
+        return Status::NotSupported(GuestPos(gc) + ": its L2 table is not in memory");
+      }
       TD_ASSIGN_OR_RETURN(m, LookupLocked(gc));
     }
     if (AllData(m, in_off, len)) {

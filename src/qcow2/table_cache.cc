@@ -20,6 +20,7 @@ void TableCache::MarkDirty(Table& t) { MarkDirty(t, 0, t.data.size()); }
 
 void TableCache::MarkDirty(Table& t, uint64_t offset, uint64_t len) {
   if (len == 0) return;
+  ++changes_;
   const uint64_t sectors = (t.data.size() + kSector - 1) / kSector;
   t.dirty_sectors.resize(sectors, false);
   const uint64_t last = std::min((offset + len - 1) / kSector, sectors - 1);
@@ -87,36 +88,62 @@ Status TableCache::MakeRoom() {
   return Status::Ok();
 }
 
+Status TableCache::Insert(std::shared_ptr<Table> t) {
+  TD_RETURN_IF_ERROR(MakeRoom());
+  const uint64_t offset = t->offset;
+  lru_.push_front(offset);
+  map_.emplace(offset, Entry{std::move(t), lru_.begin()});
+  return Status::Ok();
+}
+
+void TableCache::Outdate(uint64_t offset) {
+  auto it = loading_.find(offset);
+  if (it != loading_.end()) it->second = true;
+}
+
 Result<std::shared_ptr<Table>> TableCache::Get(uint64_t offset) {
   auto it = map_.find(offset);
   if (it != map_.end()) {
     Touch(it->second);
     return it->second.table;
   }
-  TD_RETURN_IF_ERROR(MakeRoom());
+  Outdate(offset);  // this copy is the cache's now, whatever a reader loads
   auto t = std::make_shared<Table>();
   t->offset = offset;
   t->data.resize(table_size_);
   TD_RETURN_IF_ERROR(storage_.ReadAt(offset, t->data));
-  lru_.push_front(offset);
-  map_.emplace(offset, Entry{t, lru_.begin()});
+  TD_RETURN_IF_ERROR(Insert(t));
   return t;
+}
+
+bool TableCache::BeginLoad(uint64_t offset) {
+  return loading_.emplace(offset, false).second;
+}
+
+Status TableCache::FinishLoad(uint64_t offset, std::vector<uint8_t> data, bool read_ok) {
+  auto it = loading_.find(offset);
+  const bool outdated = it == loading_.end() || it->second;
+  if (it != loading_.end()) loading_.erase(it);
+  if (!read_ok || outdated || map_.count(offset) != 0) return Status::Ok();
+  auto t = std::make_shared<Table>();
+  t->offset = offset;
+  t->data = std::move(data);
+  return Insert(std::move(t));
 }
 
 Result<std::shared_ptr<Table>> TableCache::New(uint64_t offset) {
   Drop(offset);
-  TD_RETURN_IF_ERROR(MakeRoom());
   auto t = std::make_shared<Table>();
   t->offset = offset;
   t->data.assign(table_size_, 0);
   t->fresh = true;
+  TD_RETURN_IF_ERROR(Insert(t));
   MarkDirty(*t);
-  lru_.push_front(offset);
-  map_.emplace(offset, Entry{t, lru_.begin()});
   return t;
 }
 
 void TableCache::Drop(uint64_t offset) {
+  Outdate(offset);
   auto it = map_.find(offset);
   if (it == map_.end()) return;
   if (it->second.table->dirty) {

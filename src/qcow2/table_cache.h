@@ -18,7 +18,7 @@
 // never evicted, so a pointer stays valid across other cache calls.
 //
 // Thread safety: none. The owner serializes all calls (the image's metadata
-// mutex).
+// mutex); only the read between BeginLoad and FinishLoad happens without it.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +58,21 @@ class TableCache {
 
   // The table at `offset`, read from storage on a miss.
   Result<std::shared_ptr<Table>> Get(uint64_t offset);
+  // Whether the table at `offset` is in memory (a Get would not read it).
+  bool Cached(uint64_t offset) const { return map_.count(offset) != 0; }
+
+  // A load without the owner's lock, for readers that must not hold it
+  // across the disk. Under the lock, BeginLoad makes the caller the one
+  // loading `offset` (false: another caller is, so wait for its FinishLoad
+  // and look again). The caller reads the table unlocked; under the lock
+  // again, FinishLoad caches the bytes read, unless the table was made
+  // (New), loaded (Get) or dropped in the meantime: those bytes may be
+  // stale then, and the caller finds the cache's own table when it looks
+  // again. `read_ok` false (the read failed) only ends the load. An error
+  // is the cache's flush hook's, when making room.
+  bool BeginLoad(uint64_t offset);
+  Status FinishLoad(uint64_t offset, std::vector<uint8_t> data, bool read_ok);
+
   // A new all-zero table at `offset` (dirty; not read from storage): used
   // for freshly allocated tables. Replaces any cached table at that offset.
   Result<std::shared_ptr<Table>> New(uint64_t offset);
@@ -67,6 +82,10 @@ class TableCache {
   // Writes every dirty table (no sync) and marks them clean.
   Status WriteDirty();
   bool HasDirty() const { return dirty_count_ > 0; }
+  // How many times a table has been changed (MarkDirty, New) since the cache
+  // was made: an owner that compares two readings knows whether anything
+  // changed in between.
+  uint64_t changes() const { return changes_; }
   // Marks the whole table changed.
   void MarkDirty(Table& t);
   // Marks `len` bytes at `offset` within the table changed.
@@ -92,6 +111,10 @@ class TableCache {
   void Touch(Entry& e);
   // Writes the changed sectors of one table (all of it when fresh).
   Status WriteTable(Table& t);
+  // Caches `t` as the most recently used table.
+  Status Insert(std::shared_ptr<Table> t);
+  // A load begun by BeginLoad must not cache what it read.
+  void Outdate(uint64_t offset);
 
   io::Storage& storage_;
   const uint64_t table_size_;
@@ -104,6 +127,9 @@ class TableCache {
   std::unordered_map<uint64_t, Entry> map_;
   std::list<uint64_t> lru_;  // front = most recently used
   size_t dirty_count_ = 0;
+  uint64_t changes_ = 0;
+  // Loads in progress without the lock: offset -> outdated.
+  std::unordered_map<uint64_t, bool> loading_;
 };
 
 }  // namespace thindisk::qcow2

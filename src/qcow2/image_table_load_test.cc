@@ -1,0 +1,207 @@
+// A reader's L2 table load happens without the metadata lock: lookups of
+// other tables, writes and a flush go on meanwhile; readers of the same
+// table wait for the one load; a load overtaken by a writer's copy of the
+// table is thrown away. And a read plan never loads a table.
+#include <chrono>
+#include <condition_variable>
+#include <future>
+
+#include "io/forwarding_storage.h"
+#include "qcow2/image_test_util.h"
+#include "util/endian.h"
+#include "util/status.h"
+
+namespace thindisk::qcow2 {
+namespace {
+
+using testing::Pattern;
+
+// Holds the first read that covers `offset` once armed, until released,
+// and counts the reads that cover it.
+class HeldReadStorage : public io::ForwardingStorage {
+ public:
+  explicit HeldReadStorage(std::unique_ptr<io::Storage> inner)
+      : ForwardingStorage(std::move(inner)) {}
+  Status ReadAt(uint64_t o, std::span<uint8_t> b) override {
+    // The bytes are read first: a held read returns what was there when it
+    // began, as a slow disk may.
+    Status s = inner().ReadAt(o, b);
+    std::unique_lock l(mu_);
+    if (o <= offset_ && offset_ < o + b.size()) {
+      ++reads_;
+      if (armed_) {
+        armed_ = false;
+        held_ = true;
+        changed_.notify_all();
+        changed_.wait(l, [&] { return !held_; });
+      }
+    }
+    return s;
+  }
+  void Arm(uint64_t offset) {
+    std::lock_guard l(mu_);
+    offset_ = offset;
+    armed_ = true;
+    reads_ = 0;
+  }
+  bool WaitHeld() {
+    std::unique_lock l(mu_);
+    return changed_.wait_for(l, std::chrono::seconds(10), [&] { return held_; });
+  }
+  void Release() {
+    std::lock_guard l(mu_);
+    held_ = false;
+    changed_.notify_all();
+  }
+  int reads() {
+    std::lock_guard l(mu_);
+    return reads_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  uint64_t offset_ = ~uint64_t{0};
+  bool armed_ = false;
+  bool held_ = false;
+  int reads_ = 0;
+};
+
+// 4 KiB clusters: an L2 table maps 2 MiB, so the image has 16 of them,
+// and a cache of 8 tables holds 7 L2 tables.
+constexpr uint64_t kSize = 32 << 20;
+constexpr uint64_t kTableSpan = 2 << 20;
+
+struct Held {
+  std::unique_ptr<Image> image;
+  HeldReadStorage* storage = nullptr;
+};
+
+// An image with data in every table's span but the last, reopened: no L2
+// table in memory.
+Held WrittenAndReopened() {
+  CreateOptions o;
+  o.size = kSize + kTableSpan;  // the last span has no L2 table
+  o.cluster_size = 4096;
+  o.extended_l2 = false;
+  testing::MemImage m = testing::CreateMem(o);
+  Held h;
+  if (!m.image) return h;
+  for (uint64_t t = 0; t < kSize / kTableSpan; ++t) {
+    EXPECT_TRUE(m.image->Write(t * kTableSpan, Pattern(t + 1, 8192)).ok());
+  }
+  EXPECT_TRUE(m.image->Close().ok());
+  auto held = std::make_unique<HeldReadStorage>(m.storage->Clone());
+  h.storage = held.get();
+  OpenOptions oo;
+  oo.cache_bytes = 8 * 4096;
+  auto img = Image::Open(std::move(held), oo);
+  EXPECT_TRUE(img.has_value());
+  if (img) h.image = std::move(*img);
+  return h;
+}
+
+// The second half of Pattern(seed, 8192).
+std::vector<uint8_t> SecondHalf(uint64_t seed) {
+  const std::vector<uint8_t> p = Pattern(seed, 8192);
+  return {p.begin() + 4096, p.end()};
+}
+
+uint64_t L2TableOf(Image& image, uint64_t guest) {
+  uint8_t raw[8];
+  EXPECT_TRUE(image.storage()
+                  .ReadAt(image.header().l1_table_offset + guest / kTableSpan * 8, raw)
+                  .ok());
+  return L1Offset(LoadBe64(raw));
+}
+
+bool Reads(Image& image, uint64_t off, const std::vector<uint8_t>& want) {
+  std::vector<uint8_t> got(want.size());
+  return image.Read(off, got).ok() && got == want;
+}
+
+TEST(TableLoadConcurrencyTest, OthersGoOnWhileAReaderLoadsATable) {
+  Held h = WrittenAndReopened();
+  ASSERT_TRUE(h.image);
+  Image& image = *h.image;
+  ASSERT_TRUE(Reads(image, 0, Pattern(1, 8192)));  // table 0 in memory
+  const uint64_t far = 5 * kTableSpan;
+  h.storage->Arm(L2TableOf(image, far));
+  auto first =
+      std::async(std::launch::async, [&] { return Reads(image, far, Pattern(6, 8192)); });
+  ASSERT_TRUE(h.storage->WaitHeld()) << "the reader never loaded table 5";
+  // A second reader of the same table waits for the first one's load.
+  auto second = std::async(std::launch::async,
+                           [&] { return Reads(image, far + 4096, SecondHalf(6)); });
+  // Meanwhile, bounded: a read of a table in memory, a write beside it, a
+  // flush, and a read that loads another table.
+  auto others = std::async(std::launch::async, [&] {
+    return Reads(image, 4096, SecondHalf(1)) && image.Write(0, Pattern(20, 4096)).ok() &&
+           image.Flush().ok() && Reads(image, 9 * kTableSpan, Pattern(10, 8192));
+  });
+  const bool ran = others.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  h.storage->Release();
+  EXPECT_TRUE(ran) << "lookups waited for another table's load";
+  EXPECT_TRUE(others.get());
+  EXPECT_TRUE(first.get());
+  EXPECT_TRUE(second.get());
+  EXPECT_EQ(h.storage->reads(), 1) << "table 5 was read more than once";
+  EXPECT_TRUE(Reads(image, 0, Pattern(20, 4096)));
+}
+
+// A reader's load races a writer that loads the same table under the lock,
+// changes it, flushes it and lets the cache evict it: the reader's copy is
+// older than the disk's and must not be cached over it.
+TEST(TableLoadConcurrencyTest, ALoadOvertakenByAWriterIsThrownAway) {
+  Held h = WrittenAndReopened();
+  ASSERT_TRUE(h.image);
+  Image& image = *h.image;
+  const uint64_t far = 5 * kTableSpan;
+  h.storage->Arm(L2TableOf(image, far));
+  auto reader =
+      std::async(std::launch::async, [&] { return Reads(image, far, Pattern(6, 8192)); });
+  ASSERT_TRUE(h.storage->WaitHeld());
+  // A first write into table 5's span, flushed; then 7 other tables are
+  // loaded, so table 5 (clean now) leaves the cache.
+  const uint64_t fresh = far + 64 * 4096;
+  ASSERT_TRUE(image.Write(fresh, Pattern(30, 4096)).ok());
+  ASSERT_TRUE(image.Flush().ok());
+  for (uint64_t t = 6; t < 14; ++t) {
+    EXPECT_TRUE(Reads(image, t * kTableSpan, Pattern(t + 1, 8192))) << "table " << t;
+  }
+  h.storage->Release();
+  EXPECT_TRUE(reader.get());
+  EXPECT_TRUE(Reads(image, fresh, Pattern(30, 4096))) << "a stale table 5 was cached";
+  ASSERT_TRUE(image.Close().ok());
+}
+
+// A plan is made on a thread that must not wait for the disk: where the
+// table is not in memory the caller is told to Read, and once a Read has
+// loaded it, the plan is made.
+TEST(TableLoadConcurrencyTest, PlansDoNotLoadTables) {
+  Held h = WrittenAndReopened();
+  ASSERT_TRUE(h.image);
+  Image& image = *h.image;
+  auto cold = image.PlanRead(3 * kTableSpan, 8192);
+  ASSERT_FALSE(cold.has_value());
+  EXPECT_EQ(cold.status().code(), Code::kNotSupported) << cold.status().ToString();
+  EXPECT_TRUE(Reads(image, 3 * kTableSpan, Pattern(4, 8192)));
+  auto warm = image.PlanRead(3 * kTableSpan, 8192);
+  ASSERT_TRUE(warm.has_value()) << warm.status().ToString();
+  std::vector<uint8_t> got(8192);
+  for (const block::ReadPiece& p : warm->pieces) {
+    ASSERT_NE(p.storage, nullptr);
+    ASSERT_TRUE(
+        p.storage->ReadAt(p.host_offset, std::span(got).subspan(p.buf_offset, p.length))
+            .ok());
+  }
+  EXPECT_EQ(got, Pattern(4, 8192));
+  // Where there is no L2 table there is nothing to load.
+  auto none = image.PlanRead(kSize, 4096);
+  ASSERT_TRUE(none.has_value()) << none.status().ToString();
+  ASSERT_EQ(none->pieces.size(), 1u);
+  EXPECT_EQ(none->pieces[0].storage, nullptr);
+}
+
+}  // namespace
+}  // namespace thindisk::qcow2
