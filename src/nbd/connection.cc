@@ -58,6 +58,45 @@ std::vector<Segment> MapSegments(block::Device& dev, uint64_t offset, uint32_t l
   return out;
 }
 
+// The same runs from a read plan: its zero pieces are holes.
+std::vector<Segment> PlanSegments(const Request& r, const block::ReadPlan& plan) {
+  std::vector<Segment> out;
+  for (const block::ReadPiece& p : plan.pieces) {
+    const bool hole = p.storage == nullptr;
+    if (!out.empty() && out.back().hole == hole) {
+      out.back().length += uint32_t(p.length);
+    } else {
+      out.push_back({r.offset + p.buf_offset, uint32_t(p.length), hole});
+    }
+  }
+  return out;
+}
+
+bool AnyData(const std::vector<Segment>& segments) {
+  return std::any_of(segments.begin(), segments.end(),
+                     [](const Segment& seg) { return !seg.hole; });
+}
+
+// A structured READ's reply: an OFFSET_HOLE chunk per hole, an OFFSET_DATA
+// chunk per data run (its bytes in `data` at their offset in the request),
+// DONE on the last.
+OutgoingReply ChunkedReply(const Request& r, const std::vector<Segment>& segments,
+                           PayloadBuffer data) {
+  OutgoingReply reply;
+  for (size_t i = 0; i < segments.size(); ++i) {
+    const Segment& seg = segments[i];
+    const uint16_t flags = i + 1 == segments.size() ? kReplyFlagDone : 0;
+    if (seg.hole) {
+      reply.AddHead(EncodeOffsetHole(flags, r.handle, seg.offset, seg.length));
+    } else {
+      reply.AddHead(EncodeOffsetDataHeader(flags, r.handle, seg.offset, seg.length));
+      reply.AddData(seg.offset - r.offset, seg.length);
+    }
+  }
+  reply.SetData(std::move(data));
+  return reply;
+}
+
 uint32_t ContextFlags(uint32_t context_id, const block::Extent& e) {
   if (context_id == kBaseAllocationContextId)
     return (e.data ? 0 : kStateHole) | (e.zero ? kStateZero : 0);
@@ -377,7 +416,6 @@ Status Connection::ExecuteSimple(const Request& r, std::span<const uint8_t> payl
 
 OutgoingReply Connection::ExecuteRead(const Request& r) {
   block::Device& dev = *export_->device;
-  OutgoingReply reply;
   // Simple replies, or DF: one piece of data, holes included as zeros.
   if (!structured_ || (r.flags & kCmdFlagDf)) {
     PayloadBuffer data(r.length);
@@ -389,27 +427,14 @@ OutgoingReply Connection::ExecuteRead(const Request& r) {
   // anything is queued, so the reply is all-or-error and the last chunk can
   // carry DONE.
   std::vector<Segment> segments = MapSegments(dev, r.offset, r.length);
-  const bool any_data = std::any_of(segments.begin(), segments.end(),
-                                    [](const Segment& seg) { return !seg.hole; });
   // Hole bytes of `data` stay unset: they are never sent.
-  PayloadBuffer data(any_data ? r.length : 0);  // all holes: nothing to buffer
+  PayloadBuffer data(AnyData(segments) ? r.length : 0);  // all holes: nothing to buffer
   for (const Segment& seg : segments) {
     if (seg.hole) continue;
     Status s = dev.Read(seg.offset, data.span().subspan(seg.offset - r.offset, seg.length));
     if (!s.ok()) return DeviceErrorReply(r, s);
   }
-  for (size_t i = 0; i < segments.size(); ++i) {
-    const Segment& seg = segments[i];
-    const uint16_t flags = i + 1 == segments.size() ? kReplyFlagDone : 0;
-    if (seg.hole) {
-      reply.AddHead(EncodeOffsetHole(flags, r.handle, seg.offset, seg.length));
-    } else {
-      reply.AddHead(EncodeOffsetDataHeader(flags, r.handle, seg.offset, seg.length));
-      reply.AddData(seg.offset - r.offset, seg.length);
-    }
-  }
-  reply.SetData(std::move(data));
-  return reply;
+  return ChunkedReply(r, segments, std::move(data));
 }
 
 OutgoingReply Connection::DataReply(const Request& r, PayloadBuffer data) const {
@@ -426,32 +451,44 @@ OutgoingReply Connection::DataReply(const Request& r, PayloadBuffer data) const 
 
 bool Connection::ReadAsync(const Request& r, size_t cost) {
   if (!async_) return false;
-  // Whatever cannot be planned (compressed clusters, a device without
-  // plans, an error: ExecuteRead meets it again and answers) goes to the
-  // pool, as does a structured READ with holes, which ExecuteRead answers
-  // with hole chunks.
+  // Whatever cannot be planned (compressed clusters, a table not in memory,
+  // a device without plans, an error: ExecuteRead meets it again and
+  // answers) goes to the pool.
   Result<block::ReadPlan> plan = export_->device->PlanRead(r.offset, r.length);
   if (!plan.has_value()) return false;
-  const bool chunked = structured_ && !(r.flags & kCmdFlagDf);
   for (const block::ReadPiece& p : plan->pieces) {
-    if (p.storage == nullptr ? chunked : p.storage->ReadFd() < 0) return false;
+    if (p.storage != nullptr && p.storage->ReadFd() < 0) return false;
+  }
+  // A structured READ without DF answers its zero pieces with hole chunks,
+  // as ExecuteRead does; one that is all holes is answered here.
+  const bool chunked = structured_ && !(r.flags & kCmdFlagDf);
+  std::vector<Segment> segments;
+  if (chunked) {
+    segments = PlanSegments(r, *plan);
+    if (!AnyData(segments)) {
+      Send(ChunkedReply(r, segments, PayloadBuffer(0)), cost);
+      return true;
+    }
   }
   auto data = std::make_shared<PayloadBuffer>(r.length);
   std::vector<AsyncReads::HostRead> reads;
   for (const block::ReadPiece& p : plan->pieces) {
     std::span<uint8_t> dst = data->span().subspan(p.buf_offset, p.length);
-    if (p.storage == nullptr) {
-      std::memset(dst.data(), 0, dst.size());
-    } else {
+    if (p.storage != nullptr) {
       reads.push_back({p.storage, p.host_offset, dst});
+    } else if (!chunked) {
+      std::memset(dst.data(), 0, dst.size());  // holes of a chunked reply are never sent
     }
   }
   on_pool_.fetch_add(1, std::memory_order_acq_rel);
   auto pins = std::make_shared<block::ReadPlan>(std::move(*plan));
-  async_->Add(reads, [this, r, cost, data, pins](Status s) mutable {
+  async_->Add(reads, [this, r, cost, data, pins,
+                      segments = std::move(segments)](Status s) mutable {
     pins.reset();  // the host ranges are read: the engine may free them
-    OutgoingReply reply =
-        s.ok() ? DataReply(r, std::move(*data)) : DeviceErrorReply(r, s);
+    OutgoingReply reply = !s.ok() ? DeviceErrorReply(r, s)
+                          : segments.empty()
+                              ? DataReply(r, std::move(*data))
+                              : ChunkedReply(r, segments, std::move(*data));
     on_pool_.fetch_sub(1, std::memory_order_acq_rel);
     Send(std::move(reply), cost);
   });

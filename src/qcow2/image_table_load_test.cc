@@ -120,6 +120,12 @@ bool Reads(Image& image, uint64_t off, const std::vector<uint8_t>& want) {
   return image.Read(off, got).ok() && got == want;
 }
 
+// Block status also loads a table without the lock.
+bool DataAt(Image& image, uint64_t off) {
+  auto e = image.GetStatus(off, 4 * kTableSpan);
+  return e.has_value() && e->data && e->offset == off && e->length >= 4096;
+}
+
 TEST(TableLoadConcurrencyTest, OthersGoOnWhileAReaderLoadsATable) {
   Held h = WrittenAndReopened();
   ASSERT_TRUE(h.image);
@@ -134,10 +140,11 @@ TEST(TableLoadConcurrencyTest, OthersGoOnWhileAReaderLoadsATable) {
   auto second = std::async(std::launch::async,
                            [&] { return Reads(image, far + 4096, SecondHalf(6)); });
   // Meanwhile, bounded: a read of a table in memory, a write beside it, a
-  // flush, and a read that loads another table.
+  // flush, a read and a block status that load other tables.
   auto others = std::async(std::launch::async, [&] {
     return Reads(image, 4096, SecondHalf(1)) && image.Write(0, Pattern(20, 4096)).ok() &&
-           image.Flush().ok() && Reads(image, 9 * kTableSpan, Pattern(10, 8192));
+           image.Flush().ok() && Reads(image, 9 * kTableSpan, Pattern(10, 8192)) &&
+           DataAt(image, 11 * kTableSpan);
   });
   const bool ran = others.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
   h.storage->Release();
@@ -147,6 +154,26 @@ TEST(TableLoadConcurrencyTest, OthersGoOnWhileAReaderLoadsATable) {
   EXPECT_TRUE(second.get());
   EXPECT_EQ(h.storage->reads(), 1) << "table 5 was read more than once";
   EXPECT_TRUE(Reads(image, 0, Pattern(20, 4096)));
+}
+
+// Block status loads a missing table the same way: reads of tables in
+// memory do not wait for it.
+TEST(TableLoadConcurrencyTest, BlockStatusLoadsWithoutTheLock) {
+  Held h = WrittenAndReopened();
+  ASSERT_TRUE(h.image);
+  Image& image = *h.image;
+  ASSERT_TRUE(Reads(image, 0, Pattern(1, 8192)));
+  h.storage->Arm(L2TableOf(image, 7 * kTableSpan));
+  auto status =
+      std::async(std::launch::async, [&] { return DataAt(image, 7 * kTableSpan); });
+  ASSERT_TRUE(h.storage->WaitHeld()) << "block status never loaded table 7";
+  auto read =
+      std::async(std::launch::async, [&] { return Reads(image, 0, Pattern(1, 8192)); });
+  const bool ran = read.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  h.storage->Release();
+  EXPECT_TRUE(ran) << "a read waited for block status's load";
+  EXPECT_TRUE(read.get());
+  EXPECT_TRUE(status.get());
 }
 
 // A reader's load races a writer that loads the same table under the lock,
