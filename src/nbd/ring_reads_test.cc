@@ -156,12 +156,14 @@ TEST_F(RingReadsTest, StructuredReadsSendHoleChunksForPlannedZeros) {
       {4, {0, 4 * kHole, 0, 1, true}},      // DF: one chunk, zeros spelled out
       {5, {kHole, kHole, 0, 1, true}}};
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> requests;
+  std::vector<uint8_t> batch;  // one write: the reader finds them all buffered
   for (const auto& [handle, k] : cases) {
     requests[handle] = {k.offset, k.length};
-    ASSERT_TRUE(c->SendRequest(k.df ? kCmdFlagDf : 0, kCmdRead, handle, k.offset,
-                               uint32_t(k.length))
-                    .ok());
+    const std::vector<uint8_t> one = testing::RawClient::EncodeRequest(
+        k.df ? kCmdFlagDf : 0, kCmdRead, handle, k.offset, uint32_t(k.length));
+    batch.insert(batch.end(), one.begin(), one.end());
   }
+  ASSERT_TRUE(c->SendBytes(batch).ok());
   std::set<uint64_t> answered;
   for (size_t i = 0; i < cases.size(); ++i) {
     auto got = ReadNext(*c, requests);
@@ -179,9 +181,14 @@ TEST_F(RingReadsTest, StructuredReadsSendHoleChunksForPlannedZeros) {
 
 TEST_F(RingReadsTest, SimpleRepliesCarryTheZeros) {
   auto c = Open(/*structured=*/false);
-  // Equal lengths: the replies may come in either order.
-  ASSERT_TRUE(c->SendRequest(0, kCmdRead, 1, 0, 2 * kHole).ok());
-  ASSERT_TRUE(c->SendRequest(0, kCmdRead, 2, kHole + 512, 2 * kHole).ok());
+  // Equal lengths: the replies may come in either order. One write, as above.
+  std::vector<uint8_t> batch;
+  for (uint64_t handle : {1, 2}) {
+    const std::vector<uint8_t> one = testing::RawClient::EncodeRequest(
+        0, kCmdRead, handle, handle == 1 ? 0 : kHole + 512, 2 * kHole);
+    batch.insert(batch.end(), one.begin(), one.end());
+  }
+  ASSERT_TRUE(c->SendBytes(batch).ok());
   std::set<uint64_t> answered;
   for (int i = 0; i < 2; ++i) {
     auto r = c->ReadReply(2 * kHole);

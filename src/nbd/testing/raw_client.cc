@@ -4,6 +4,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -154,18 +155,25 @@ Result<RawClient::Negotiated> RawClient::Handshake(
   return n;
 }
 
-Status RawClient::SendRequest(uint16_t flags, uint16_t type, uint64_t handle,
-                              uint64_t offset, uint32_t length,
-                              std::span<const uint8_t> payload) {
-  std::vector<uint8_t> b(kRequestHeaderSize);
+std::vector<uint8_t> RawClient::EncodeRequest(uint16_t flags, uint16_t type,
+                                              uint64_t handle, uint64_t offset,
+                                              uint32_t length,
+                                              std::span<const uint8_t> payload) {
+  std::vector<uint8_t> b(kRequestHeaderSize + payload.size());
   StoreBe32(b.data(), kRequestMagic);
   StoreBe16(b.data() + 4, flags);
   StoreBe16(b.data() + 6, type);
   StoreBe64(b.data() + 8, handle);
   StoreBe64(b.data() + 16, offset);
   StoreBe32(b.data() + 24, length);
-  b.insert(b.end(), payload.begin(), payload.end());
-  return SendBytes(b);
+  std::copy(payload.begin(), payload.end(), b.begin() + kRequestHeaderSize);
+  return b;
+}
+
+Status RawClient::SendRequest(uint16_t flags, uint16_t type, uint64_t handle,
+                              uint64_t offset, uint32_t length,
+                              std::span<const uint8_t> payload) {
+  return SendBytes(EncodeRequest(flags, type, handle, offset, length, payload));
 }
 
 Result<RawClient::Reply> RawClient::ReadReply(uint32_t simple_read_length) {

@@ -54,6 +54,11 @@ class RawClient {
   Status SendRequest(uint16_t flags, uint16_t type, uint64_t handle, uint64_t offset,
                      uint32_t length, std::span<const uint8_t> payload = {});
   Status SendBytes(std::span<const uint8_t> bytes);
+  // A request's bytes, for a test that sends several in one write.
+  static std::vector<uint8_t> EncodeRequest(uint16_t flags, uint16_t type,
+                                            uint64_t handle, uint64_t offset,
+                                            uint32_t length,
+                                            std::span<const uint8_t> payload = {});
   // One simple reply or one structured chunk. For a simple reply with no
   // error, `simple_read_length` bytes of data are read into payload.
   struct Reply {
