@@ -84,9 +84,11 @@ bool ImageImpl::L2InMemoryLocked(uint64_t gc) const {
 
 Result<L2Mapping> ImageImpl::LookupForReadLocked(uint64_t gc,
                                                  std::unique_lock<std::mutex>& lock) {
-  // A few rounds at most: the table may be replaced (copied, dropped) while
-  // it is read, and then LookupLocked loads it under the lock.
-  for (int round = 0; round < 4 && !L2InMemoryLocked(gc); ++round) {
+  // A few loads of our own at most: one that a writer outdated (the table
+  // was loaded, made or dropped meanwhile) is tried again, and after that
+  // LookupLocked loads under the lock. Waiting for another reader's load
+  // costs nothing: that load ends.
+  for (int loads = 0; loads < 3 && !L2InMemoryLocked(gc);) {
     const uint64_t l2_offset = L1Offset(l1_[gc / l2_entries_]);
     if (l2_offset + cluster_size_ > allocator_->host_end())
       break;  // LookupLocked says why
@@ -94,6 +96,7 @@ Result<L2Mapping> ImageImpl::LookupForReadLocked(uint64_t gc,
       l2_loaded_.wait(lock);  // another reader loads it
       continue;
     }
+    ++loads;
     lock.unlock();
     std::vector<uint8_t> data(cluster_size_);
     Status read = storage_->ReadAt(l2_offset, data);
