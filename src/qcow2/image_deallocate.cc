@@ -47,10 +47,10 @@ Status ImageImpl::Deallocate(uint64_t offset, uint64_t length) {
     const uint64_t len = std::min<uint64_t>(end - pos, cs() - in_off);
     pos += len;
     auto guard = range_lock_.Lock(gc, 1);
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     uint64_t l1i = gc / l2_entries_;
     if (l1i >= l1_.size() || L1Offset(l1_[l1i]) == 0) continue;  // nothing mapped here
-    TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLocked(gc));
+    TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLoadingUnlocked(gc, lock));
     const bool owned = (m.kind == ClusterKind::kNormal || m.kind == ClusterKind::kZero) &&
                        m.copied && m.host_offset != 0;
     L2Mapping n;  // unallocated

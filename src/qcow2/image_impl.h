@@ -23,8 +23,8 @@
 //              waits for (WaitForReaders).
 //   range_lock_ one guest cluster per writer piece.
 //   mu_        metadata: L1, both caches, allocator, header copy. Never held
-//              across data I/O; held across table loads except a reader's
-//              L2 load (LookupForReadLocked).
+//              across data I/O; held across table loads except a request's
+//              L2 load (LookupLoadingUnlocked).
 //   tracker_   its own lock, taken by Mark before a request takes any other
 //              (bitmap_tracker.h); never while holding mu_ during requests.
 // Lock order: flush_mu_ > range lock > free_gate_ > mu_ > compressed_mu_.
@@ -105,12 +105,13 @@ class ImageImpl final : public Image {
 
   // ---- mapping (image_map.cc); all REQUIRE mu_ ----
   Result<L2Mapping> LookupLocked(uint64_t guest_cluster);
-  // LookupLocked for a reader: an L2 table not in memory is read with `lock`
-  // (on mu_) released meanwhile, so lookups of other tables, and writes,
-  // need not wait for the disk. One reader loads a table; others wanting
-  // it wait for that load.
-  Result<L2Mapping> LookupForReadLocked(uint64_t guest_cluster,
-                                        std::unique_lock<std::mutex>& lock);
+  // LookupLocked for a request (a read, a write, zeroes, a discard): an L2
+  // table not in memory is read with `lock` (on mu_) released meanwhile, so
+  // lookups of other tables need not wait for the disk. One request loads a
+  // table; others wanting it wait for that load. A writer may use it: the
+  // range lock it holds keeps its cluster's mapping as it was looked up.
+  Result<L2Mapping> LookupLoadingUnlocked(uint64_t guest_cluster,
+                                          std::unique_lock<std::mutex>& lock);
   // Whether the L2 entry of `gc` is in memory (or there is no L2 table).
   bool L2InMemoryLocked(uint64_t guest_cluster) const;
   Status SetMappingLocked(uint64_t guest_cluster, const L2Mapping& m);

@@ -82,18 +82,18 @@ bool ImageImpl::L2InMemoryLocked(uint64_t gc) const {
   return l2_offset == 0 || l2_cache_->Cached(l2_offset);
 }
 
-Result<L2Mapping> ImageImpl::LookupForReadLocked(uint64_t gc,
-                                                 std::unique_lock<std::mutex>& lock) {
-  // A few loads of our own at most: one that a writer outdated (the table
-  // was loaded, made or dropped meanwhile) is tried again, and after that
-  // LookupLocked loads under the lock. Waiting for another reader's load
-  // costs nothing: that load ends.
+Result<L2Mapping> ImageImpl::LookupLoadingUnlocked(uint64_t gc,
+                                                   std::unique_lock<std::mutex>& lock) {
+  // A few loads of our own at most: one that was outdated (the table was
+  // loaded under the lock, made or dropped meanwhile) is tried again, and
+  // after that LookupLocked loads under the lock. Waiting for another
+  // request's load costs nothing: that load ends.
   for (int loads = 0; loads < 3 && !L2InMemoryLocked(gc);) {
     const uint64_t l2_offset = L1Offset(l1_[gc / l2_entries_]);
     if (l2_offset + cluster_size_ > allocator_->host_end())
       break;  // LookupLocked says why
     if (!l2_cache_->BeginLoad(l2_offset)) {
-      l2_loaded_.wait(lock);  // another reader loads it
+      l2_loaded_.wait(lock);  // another request loads it
       continue;
     }
     ++loads;

@@ -101,7 +101,7 @@ Status ImageImpl::Read(uint64_t offset, std::span<uint8_t> buf) {
     L2Mapping m;
     {
       std::unique_lock lock(mu_);
-      TD_ASSIGN_OR_RETURN(m, LookupForReadLocked(gc, lock));
+      TD_ASSIGN_OR_RETURN(m, LookupLoadingUnlocked(gc, lock));
     }
     if (AllData(m, in_off, len)) {
       const uint64_t host = m.host_offset + in_off;

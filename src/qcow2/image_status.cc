@@ -20,7 +20,7 @@ Result<block::Extent> ImageImpl::GetStatus(uint64_t offset, uint64_t max_length)
     uint64_t end;
   };
   // A table not in memory is loaded with the lock released meanwhile
-  // (LookupForReadLocked): the extent is a snapshot of a moment either way.
+  // (LookupLoadingUnlocked): the extent is a snapshot of a moment either way.
   std::unique_lock lock(mu_, std::defer_lock);
   auto unit_at = [&](uint64_t pos) -> Result<Unit> {
     uint64_t gc = pos >> cluster_bits_;
@@ -28,7 +28,7 @@ Result<block::Extent> ImageImpl::GetStatus(uint64_t offset, uint64_t max_length)
     if (l1i >= l1_.size() || L1Offset(l1_[l1i]) == 0) {
       return Unit{SubState::kUnallocated, 0, (l1i + 1) * l2_entries_ * cs()};
     }
-    TD_ASSIGN_OR_RETURN(L2Mapping m, LookupForReadLocked(gc, lock));
+    TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLoadingUnlocked(gc, lock));
     uint64_t in_off = pos & (cs() - 1);
     if (m.kind == ClusterKind::kCompressed || !extended_ ||
         m.kind == ClusterKind::kZero) {

@@ -1,9 +1,11 @@
-// A reader's L2 table load happens without the metadata lock: lookups of
-// other tables, writes and a flush go on meanwhile; readers of the same
-// table wait for the one load; a load overtaken by a writer's copy of the
-// table is thrown away. And a read plan never loads a table.
+// A request's L2 table load (a read's, a write's, zeroes', a discard's)
+// happens without the metadata lock: lookups of other tables, writes and a
+// flush go on meanwhile; requests for the same table wait for the one
+// load; a load overtaken by a copy of the table loaded under the lock is
+// thrown away. And a read plan never loads a table.
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <future>
 
 #include "io/forwarding_storage.h"
@@ -176,10 +178,60 @@ TEST(TableLoadConcurrencyTest, BlockStatusLoadsWithoutTheLock) {
   EXPECT_TRUE(status.get());
 }
 
-// A reader's load races a writer that loads the same table under the lock,
-// changes it, flushes it and lets the cache evict it: the reader's copy is
-// older than the disk's and must not be cached over it.
-TEST(TableLoadConcurrencyTest, ALoadOvertakenByAWriterIsThrownAway) {
+// A writer's load is a load like a reader's: while it waits for the disk,
+// requests on tables in memory and on other tables go on, and a reader of
+// the same table waits for it rather than read it again. For each kind of
+// writer.
+TEST(TableLoadConcurrencyTest, WritersLoadWithoutTheLock) {
+  const uint64_t far = 5 * kTableSpan;
+  struct Writer {
+    const char* name;
+    std::function<Status(Image&)> run;
+    std::vector<uint8_t> after;  // what `far` reads as then
+  };
+  const std::vector<Writer> writers = {
+      {"write", [&](Image& i) { return i.Write(far, Pattern(40, 4096)); },
+       Pattern(40, 4096)},
+      {"zeroes", [&](Image& i) { return i.WriteZeroes(far, 4096); },
+       std::vector<uint8_t>(4096, 0)},
+      {"discard", [&](Image& i) { return i.Discard(far, 4096); },
+       std::vector<uint8_t>(4096, 0)},
+  };
+  for (const Writer& w : writers) {
+    Held h = WrittenAndReopened();
+    ASSERT_TRUE(h.image);
+    Image& image = *h.image;
+    ASSERT_TRUE(Reads(image, 0, Pattern(1, 8192)));  // table 0 in memory
+    h.storage->Arm(L2TableOf(image, far));
+    auto writer = std::async(std::launch::async, [&] { return w.run(image); });
+    ASSERT_TRUE(h.storage->WaitHeld()) << w.name << " never loaded table 5";
+    auto reader = std::async(std::launch::async,
+                             [&] { return Reads(image, far + 4096, SecondHalf(6)); });
+    auto others = std::async(std::launch::async, [&] {
+      return Reads(image, 4096, SecondHalf(1)) &&
+             image.Write(0, Pattern(20, 4096)).ok() && image.Flush().ok() &&
+             Reads(image, 9 * kTableSpan, Pattern(10, 8192)) &&
+             image.Write(11 * kTableSpan, Pattern(21, 4096)).ok();
+    });
+    const bool ran =
+        others.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    h.storage->Release();
+    EXPECT_TRUE(ran) << w.name << ": lookups waited for its load of another table";
+    EXPECT_TRUE(others.get()) << w.name;
+    EXPECT_TRUE(writer.get().ok()) << w.name;
+    EXPECT_TRUE(reader.get()) << w.name;
+    EXPECT_EQ(h.storage->reads(), 1) << w.name << ": table 5 was read more than once";
+    EXPECT_TRUE(Reads(image, far, w.after)) << w.name;
+    EXPECT_TRUE(Reads(image, 11 * kTableSpan, Pattern(21, 4096))) << w.name;
+    ASSERT_TRUE(image.Close().ok());
+  }
+}
+
+// A request's load races a copy of the same table loaded under the lock
+// (here a compressed write's, which loads that way: convert -c runs it
+// alone), changed, flushed and evicted: the request's copy is older than
+// the disk's and must not be cached over it.
+TEST(TableLoadConcurrencyTest, ALoadOvertakenByALockedLoadIsThrownAway) {
   Held h = WrittenAndReopened();
   ASSERT_TRUE(h.image);
   Image& image = *h.image;
@@ -191,14 +243,23 @@ TEST(TableLoadConcurrencyTest, ALoadOvertakenByAWriterIsThrownAway) {
   // A first write into table 5's span, flushed; then 7 other tables are
   // loaded, so table 5 (clean now) leaves the cache.
   const uint64_t fresh = far + 64 * 4096;
-  ASSERT_TRUE(image.Write(fresh, Pattern(30, 4096)).ok());
-  ASSERT_TRUE(image.Flush().ok());
-  for (uint64_t t = 6; t < 14; ++t) {
-    EXPECT_TRUE(Reads(image, t * kTableSpan, Pattern(t + 1, 8192))) << "table " << t;
-  }
+  const std::vector<uint8_t> data(4096, 0x5a);  // compressible
+  auto overtake = std::async(std::launch::async, [&] {
+    bool ok = image.WriteCompressed(fresh, data).ok() && image.Flush().ok();
+    for (uint64_t t = 6; t < 14; ++t)
+      ok = ok && Reads(image, t * kTableSpan, Pattern(t + 1, 8192));
+    return ok;
+  });
+  const bool ran =
+      overtake.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
   h.storage->Release();
+  EXPECT_TRUE(ran) << "the locked load waited for the held one";
+  EXPECT_TRUE(overtake.get());
   EXPECT_TRUE(reader.get());
-  EXPECT_TRUE(Reads(image, fresh, Pattern(30, 4096))) << "a stale table 5 was cached";
+  EXPECT_TRUE(Reads(image, fresh, data)) << "a stale table 5 was cached";
+  auto st = image.GetStatus(fresh, 4096);
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(st->data && !st->has_host_offset) << "the write was not stored compressed";
   ASSERT_TRUE(image.Close().ok());
 }
 

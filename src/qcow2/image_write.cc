@@ -56,10 +56,10 @@ Result<uint64_t> ImageImpl::WriteFreshRun(uint64_t gc, uint64_t count, const uin
     for (size_t i = from; i < hosts.size(); ++i) allocator_->DeferFree(hosts[i], 1);
   };
   {
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
     uint64_t n = 0;
     for (; n < count; ++n) {
-      TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLocked(gc + n));
+      TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLoadingUnlocked(gc + n, lock));
       const bool no_space = m.kind == ClusterKind::kUnallocated ||
                             (m.kind == ClusterKind::kZero && m.host_offset == 0);
       if (!no_space) break;
@@ -113,8 +113,8 @@ Status ImageImpl::WritePieceLocked(uint64_t gc, uint64_t in_off, uint64_t len,
                                    const uint8_t* src) {
   L2Mapping m;
   {
-    std::lock_guard lock(mu_);
-    TD_ASSIGN_OR_RETURN(m, LookupLocked(gc));
+    std::unique_lock lock(mu_);
+    TD_ASSIGN_OR_RETURN(m, LookupLoadingUnlocked(gc, lock));
   }
   if (m.kind == ClusterKind::kNormal && m.copied) return WriteInPlace(gc, m, in_off, len, src);
   if (m.kind == ClusterKind::kZero && m.copied && m.host_offset != 0) {

@@ -109,8 +109,8 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
                                   bool /*discard*/, PunchRun* run) {
   L2Mapping m;
   {
-    std::lock_guard lock(mu_);
-    TD_ASSIGN_OR_RETURN(m, LookupLocked(gc));
+    std::unique_lock lock(mu_);
+    TD_ASSIGN_OR_RETURN(m, LookupLoadingUnlocked(gc, lock));
   }
   const uint64_t cluster_bytes = ClusterBytes(gc);
   const bool whole = in_off == 0 && len >= cluster_bytes;
@@ -120,8 +120,8 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
   auto write_zeros = [&](uint64_t from, uint64_t n) -> Status {
     L2Mapping cur;
     {
-      std::lock_guard lock(mu_);
-      TD_ASSIGN_OR_RETURN(cur, LookupLocked(gc));
+      std::unique_lock lock(mu_);
+      TD_ASSIGN_OR_RETURN(cur, LookupLoadingUnlocked(gc, lock));
     }
     bool reads_zero = true;
     for (uint64_t s = from / scs(); s <= (from + n - 1) / scs(); ++s) {
