@@ -14,7 +14,7 @@ Status ImageImpl::WriteHeaderLocked() {
   return storage_->WriteAt(0, bytes);
 }
 
-Status ImageImpl::FlushMetadataLocked() {
+Status ImageImpl::FlushMetadataLocked(bool* sync_owed) {
   if (read_only_) return Status::Ok();
   if (in_metadata_flush_) return Status::Ok();  // re-entered through a cache eviction
   in_metadata_flush_ = true;
@@ -56,6 +56,12 @@ Status ImageImpl::FlushMetadataLocked() {
       TD_RETURN_IF_ERROR(storage_->Flush());
     }
     TD_RETURN_IF_ERROR(l2_cache_->WriteDirty());
+    if (sync_owed && !l1_moved_ && l1_dirty_.empty() && !header_dirty_) {
+      // Nothing is ordered after this sync but the flush's end and its
+      // frees: the caller makes it without the lock.
+      *sync_owed = true;
+      return Status::Ok();
+    }
     TD_RETURN_IF_ERROR(storage_->Flush());
     synced = true;
   }
@@ -104,7 +110,11 @@ Status ImageImpl::FlushMetadataLocked() {
     if (resized_bitmaps_) ApplyResizedBitmapsLocked();
   }
   // Nothing dirty: the flush is one fdatasync.
-  if (!synced) TD_RETURN_IF_ERROR(storage_->Flush());
+  if (!synced && sync_owed) {
+    *sync_owed = true;
+  } else if (!synced) {
+    TD_RETURN_IF_ERROR(storage_->Flush());
+  }
   return Status::Ok();
 }
 
@@ -115,6 +125,7 @@ bool ImageImpl::MetadataDirtyLocked() const {
 
 Status ImageImpl::FlushAll() {
   std::vector<Allocator::Range> frees;
+  bool sync_owed = false;
   bool clean = false;
   bool sync_first = false;
   uint64_t l2_changes = 0;
@@ -137,10 +148,16 @@ Status ImageImpl::FlushAll() {
     std::lock_guard lock(mu_);
     if (!clean || !sync_first) {
       if (sync_first) l2_changes_synced_ = l2_changes;
-      TD_RETURN_IF_ERROR(FlushMetadataLocked());
+      TD_RETURN_IF_ERROR(FlushMetadataLocked(&sync_owed));
     }
     frees = allocator_->TakeDeferredFrees();
   }
+  // The last sync, when nothing but the frees comes after it, is made
+  // without the lock too: the L2 sectors it must make durable are written
+  // (to the page cache, or the disk with --cache=none), and a table that
+  // leaves the cache meanwhile is read back as written. Requests and a
+  // cache eviction's own ordered flush go on beside it.
+  if (sync_owed) TD_RETURN_IF_ERROR(storage_->Flush());
   if (frees.empty()) return Status::Ok();
   // Stage 5. Rule: a refcount is lowered only after nothing points at the
   // cluster — nothing on disk (stages 3-4 above) and no reader in flight:

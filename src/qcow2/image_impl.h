@@ -291,7 +291,9 @@ class ImageImpl final : public Image {
   Result<BitVector> ReadBitmapBitsLocked(const BitmapDirectoryEntry& e);
 
   // ---- flush (image_flush.cc) ----
-  Status FlushMetadataLocked();  // stages 1-4; REQUIRES mu_
+  // Stages 1-4; REQUIRES mu_. With `sync_owed`, a last sync that nothing
+  // else follows is left to the caller (who makes it without mu_): set then.
+  Status FlushMetadataLocked(bool* sync_owed = nullptr);
   bool MetadataDirtyLocked() const;  // anything for stages 1-4 to write; REQUIRES mu_
   Status WriteHeaderLocked();    // encodes header_ at offset 0; REQUIRES mu_
   Status FlushAll();             // stages 1-5; REQUIRES flush_mu_
