@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # smoke.bench_mixed: bench/mixed runs end to end at a tiny size (every
 # target, both rows, one run) and prints a complete table: the header, a
-# figure in every column of the four rows, the writer held at its rate,
-# and thindisk's ratio lines; it leaves no work directory and no server.
+# figure in every column of the eight rows (IOPS and read latencies), the
+# writer held at its rate, and thindisk's ratio lines; it leaves no work
+# directory and no server.
 # It judges nothing: figures from a run this small are noise.
 #
 # Environment: THINDISK (the binary), BENCH_SCRIPTS (the bench/ folder;
@@ -36,14 +37,16 @@ for p in ("machine: ", "settings: ", "thindisk: "):
 head = next((i for i, l in enumerate(lines) if l.startswith("row ")), None)
 need(head is not None and all(c in lines[head] for c in ("thindisk", "qemu-nbd", "nbdkit raw")),
      "the column header")
-for title in ("M1 reads beside flushed overwrites", "  M1 flushed overwrites",
-              "M2 reads beside flushed first writes", "  M2 flushed first writes"):
+for title in ("M1 reads beside flushed overwrites", "  M1 reads, 99th percentile",
+              "  M1 reads, 99.9th percentile", "  M1 flushed overwrites",
+              "M2 reads beside flushed first writes", "  M2 reads, 99th percentile",
+              "  M2 reads, 99.9th percentile", "  M2 flushed first writes"):
     row = next((l for l in lines if l.startswith(title + " (")), None)
     figs = (row or "")[44:44 + 3 * 15].split()  # a 44-character title, three columns of 15
     need(len(figs) == 3 and all(re.fullmatch(r"\d+(\.\d+)?", f) for f in figs),
          f"{title.strip()}: figures {figs}")
 got = sorted({(t, m) for _, t, m, _ in raw})
-metrics = ("M1.reads", "M1.writes", "M2.reads", "M2.writes")
+metrics = [f"{r}.{m}" for r in ("M1", "M2") for m in ("reads", "p99", "p999", "writes")]
 need(got == sorted((t, m) for t in ("td", "qn", "nk") for m in metrics), f"raw results {got}")
 need(all(float(v) > 0 for *_, v in raw), "a figure of zero")
 # The writer is held to its rate (fio may fall short, never go past it).
