@@ -350,6 +350,17 @@ Status Allocator::ApplyFrees(const std::vector<Range>& frees, std::vector<uint64
   return Status::Ok();
 }
 
+std::vector<uint64_t> Allocator::UncachedBlocks(const Range& r) const {
+  std::vector<uint64_t> out;
+  if (r.n == 0) return out;
+  const uint64_t first = ClusterIndex(r.offset) / entries_per_block_;
+  const uint64_t last = (ClusterIndex(r.offset) + r.n - 1) / entries_per_block_;
+  for (uint64_t bi = first; bi <= last && bi < table_.size(); ++bi) {
+    if (table_[bi] != 0 && !blocks_.Cached(table_[bi])) out.push_back(table_[bi]);
+  }
+  return out;
+}
+
 Status Allocator::WriteBlocks() {
   TD_RETURN_IF_ERROR(blocks_.WriteDirty());
   if (table_moved_) {

@@ -99,6 +99,11 @@ class Allocator {
   // Applies decrements; `freed` (optional) receives host offsets of
   // clusters whose refcount reached zero.
   Status ApplyFrees(const std::vector<Range>& frees, std::vector<uint64_t>* freed);
+  // The refcount blocks (host offsets) that applying `r` reads and that are
+  // not in memory: an owner may load them into block_cache() first,
+  // without its lock (TableCache::BeginLoad).
+  std::vector<uint64_t> UncachedBlocks(const Range& r) const;
+  TableCache& block_cache() { return blocks_; }
 
   // ---- ordered flush support ----
   bool HasDirtyBlocks() const { return blocks_.HasDirty(); }

@@ -165,11 +165,22 @@ Status ImageImpl::FlushAll() {
   // use an old mapping.
   WaitForReaders();
   std::vector<uint64_t> freed;
-  {
-    std::lock_guard lock(mu_);
-    TD_RETURN_IF_ERROR(allocator_->ApplyFrees(frees, &freed));
+  for (const Allocator::Range& r : frees) {
+    std::unique_lock lock(mu_);
+    // The refcount blocks it changes are loaded without the lock (a few
+    // tries each; then ApplyFrees loads under it), as a discard of a cold
+    // part of a large image needs blocks no request has read yet.
+    for (uint64_t block : allocator_->UncachedBlocks(r)) {
+      for (int loads = 0; loads < 3 && !allocator_->block_cache().Cached(block);) {
+        TD_ASSIGN_OR_RETURN(bool ours,
+                            LoadTableUnlocked(allocator_->block_cache(), block, lock));
+        loads += ours;
+      }
+    }
+    const size_t before = freed.size();
+    TD_RETURN_IF_ERROR(allocator_->ApplyFrees({r}, &freed));
     // A freed L2 table must never be written back over its next use.
-    for (uint64_t off : freed) l2_cache_->Drop(off);
+    for (size_t i = before; i < freed.size(); ++i) l2_cache_->Drop(freed[i]);
   }
   if (!freed.empty()) DropCompressedCache();
   return Status::Ok();

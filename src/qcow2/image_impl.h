@@ -114,6 +114,12 @@ class ImageImpl final : public Image {
                                           std::unique_lock<std::mutex>& lock);
   // Whether the L2 entry of `gc` is in memory (or there is no L2 table).
   bool L2InMemoryLocked(uint64_t guest_cluster) const;
+  // One try at loading the table at `offset` into `cache` with `lock` (on
+  // mu_) released during the read: true when this call read it, false when
+  // it waited for another caller's load instead. The table may be missing
+  // again afterwards (the load was outdated, or evicted): look again.
+  Result<bool> LoadTableUnlocked(TableCache& cache, uint64_t offset,
+                                 std::unique_lock<std::mutex>& lock);
   Status SetMappingLocked(uint64_t guest_cluster, const L2Mapping& m);
   // The L2 table that maps `gc`, ready to be changed: allocated when there
   // is none, copied when a snapshot shares it.
@@ -328,7 +334,7 @@ class ImageImpl final : public Image {
   bool l1_moved_ = false;          // guarded by mu_: l1_ lives at new_l1_offset_
   uint64_t new_l1_offset_ = 0;     // guarded by mu_
   std::unique_ptr<TableCache> l2_cache_;     // guarded by mu_
-  std::condition_variable l2_loaded_;        // with mu_: a reader's L2 load ended
+  std::condition_variable table_loaded_;     // with mu_: a LoadTableUnlocked ended
   std::unique_ptr<Allocator> allocator_;     // guarded by mu_
   bool in_metadata_flush_ = false;           // guarded by mu_
   // guarded by mu_: the L2 cache's changes() when a sync that FlushAll made

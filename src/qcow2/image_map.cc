@@ -82,6 +82,23 @@ bool ImageImpl::L2InMemoryLocked(uint64_t gc) const {
   return l2_offset == 0 || l2_cache_->Cached(l2_offset);
 }
 
+Result<bool> ImageImpl::LoadTableUnlocked(TableCache& cache, uint64_t offset,
+                                          std::unique_lock<std::mutex>& lock) {
+  if (!cache.BeginLoad(offset)) {
+    table_loaded_.wait(lock);  // another request loads it
+    return false;
+  }
+  lock.unlock();
+  std::vector<uint8_t> data(cluster_size_);
+  Status read = storage_->ReadAt(offset, data);
+  lock.lock();
+  Status kept = cache.FinishLoad(offset, std::move(data), read.ok());
+  table_loaded_.notify_all();
+  TD_RETURN_IF_ERROR(read);
+  TD_RETURN_IF_ERROR(kept);
+  return true;
+}
+
 Result<L2Mapping> ImageImpl::LookupLoadingUnlocked(uint64_t gc,
                                                    std::unique_lock<std::mutex>& lock) {
   // A few loads of our own at most: one that was outdated (the table was
@@ -92,19 +109,8 @@ Result<L2Mapping> ImageImpl::LookupLoadingUnlocked(uint64_t gc,
     const uint64_t l2_offset = L1Offset(l1_[gc / l2_entries_]);
     if (l2_offset + cluster_size_ > allocator_->host_end())
       break;  // LookupLocked says why
-    if (!l2_cache_->BeginLoad(l2_offset)) {
-      l2_loaded_.wait(lock);  // another request loads it
-      continue;
-    }
-    ++loads;
-    lock.unlock();
-    std::vector<uint8_t> data(cluster_size_);
-    Status read = storage_->ReadAt(l2_offset, data);
-    lock.lock();
-    Status kept = l2_cache_->FinishLoad(l2_offset, std::move(data), read.ok());
-    l2_loaded_.notify_all();
-    TD_RETURN_IF_ERROR(read);
-    TD_RETURN_IF_ERROR(kept);
+    TD_ASSIGN_OR_RETURN(bool ours, LoadTableUnlocked(*l2_cache_, l2_offset, lock));
+    loads += ours;
   }
   return LookupLocked(gc);
 }

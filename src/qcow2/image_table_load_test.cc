@@ -9,6 +9,7 @@
 #include <future>
 
 #include "io/forwarding_storage.h"
+#include "qcow2/check.h"
 #include "qcow2/image_test_util.h"
 #include "util/endian.h"
 #include "util/status.h"
@@ -289,6 +290,58 @@ TEST(TableLoadConcurrencyTest, PlansDoNotLoadTables) {
   ASSERT_TRUE(none.has_value()) << none.status().ToString();
   ASSERT_EQ(none->pieces.size(), 1u);
   EXPECT_EQ(none->pieces[0].storage, nullptr);
+}
+
+// A flush applying a discard's free changes a refcount block that no
+// request has read since the image was opened: it is loaded without the
+// lock, and reads and writes go on meanwhile.
+TEST(TableLoadConcurrencyTest, FreesLoadRefcountBlocksWithoutTheLock) {
+  CreateOptions o;
+  o.size = 64 << 20;
+  o.cluster_size = 4096;  // a 16-bit refcount block covers 8 MiB of the file
+  o.extended_l2 = false;
+  testing::MemImage m = testing::CreateMem(o);
+  ASSERT_TRUE(m.image);
+  ASSERT_TRUE(m.image->Write(0, Pattern(1, 24 << 20)).ok());
+  ASSERT_TRUE(m.image->Close().ok());
+  auto held_owned = std::make_unique<HeldReadStorage>(m.storage->Clone());
+  HeldReadStorage* held = held_owned.get();
+  auto img = Image::Open(std::move(held_owned), {});
+  ASSERT_TRUE(img.has_value());
+  Image& image = **img;
+  uint8_t raw[8];
+  ASSERT_TRUE(image.storage().ReadAt(image.header().refcount_table_offset, raw).ok());
+  const uint64_t block0 = LoadBe64(raw);  // covers the first 8 MiB of the file
+  ASSERT_NE(block0, 0u);
+  const std::vector<uint8_t> data = Pattern(1, 24 << 20);
+  ASSERT_TRUE(Reads(image, 20 << 20,
+                    {data.begin() + (20 << 20), data.begin() + (20 << 20) + 8192}));
+
+  held->Arm(block0);
+  auto discard = std::async(std::launch::async, [&] {
+    return image.Discard(0, 4096).ok() && image.Flush().ok();
+  });
+  ASSERT_TRUE(held->WaitHeld()) << "the flush never loaded the first refcount block";
+  auto others = std::async(std::launch::async, [&] {
+    return Reads(image, (20 << 20) + 8192,
+                 {data.begin() + (20 << 20) + 8192, data.begin() + (20 << 20) + 16384}) &&
+           image.Write(20 << 20, Pattern(2, 4096)).ok();
+  });
+  const bool ran = others.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  held->Release();
+  EXPECT_TRUE(ran) << "requests waited for the refcount block's load";
+  EXPECT_TRUE(others.get());
+  EXPECT_TRUE(discard.get());
+  EXPECT_EQ(held->reads(), 1) << "the refcount block was read more than once";
+  EXPECT_TRUE(Reads(image, 0, std::vector<uint8_t>(4096, 0)));
+  EXPECT_TRUE(Reads(image, 20 << 20, Pattern(2, 4096)));
+  ASSERT_TRUE(image.Close().ok());
+  // The freed cluster is counted free: no leak, no corruption.
+  auto report = Check(image.storage(), RepairMode::kNone);
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->corruptions, 0u);
+  EXPECT_EQ(report->leaks, 0u);
+  EXPECT_EQ(report->check_errors, 0u);
 }
 
 }  // namespace
