@@ -421,5 +421,59 @@ TEST(FlushConcurrencyTest, MappingSyncWithoutBlockingRequests) {
   }
 }
 
+// A discard that runs while a clean flush syncs the data without the lock
+// queues a free whose L2 change is only in memory. The flush may apply that
+// free only after writing the change: a refcount block saying "free" must
+// never reach the disk while the L2 table there still names the cluster
+// (a kill -9 left exactly that: serve.kill, 2026-12-06).
+TEST(FlushConcurrencyTest, ADiscardDuringACleanFlushIsFreedOnlyAfterItsMapping) {
+  for (bool ext : {false, true}) {
+    auto held_owned = std::make_unique<HeldSyncStorage>(NewImage(16 << 20, ext));
+    HeldSyncStorage* held = held_owned.get();
+    auto rec_owned = std::make_unique<RecordingStorage>(std::move(held_owned));
+    RecordingStorage* rec = rec_owned.get();
+    auto img = Image::Open(std::move(rec_owned), {});
+    ASSERT_TRUE(img.has_value());
+    Image& image = **img;
+    ASSERT_TRUE(image.Write(0, Pattern(1, 4 << 20)).ok());
+    ASSERT_TRUE(image.Flush().ok());  // nothing dirty: the next flush is clean
+    uint8_t raw[8];
+    ASSERT_TRUE(image.storage().ReadAt(image.header().l1_table_offset, raw).ok());
+    const uint64_t l2 = L1Offset(LoadBe64(raw));
+    ASSERT_TRUE(image.storage().ReadAt(image.header().refcount_table_offset, raw).ok());
+    const uint64_t block = LoadBe64(raw);
+    ASSERT_NE(l2, 0u);
+    ASSERT_NE(block, 0u);
+    const size_t mark = rec->ops().size();
+
+    held->Arm();
+    auto flush = std::async(std::launch::async, [&] { return image.Flush(); });
+    ASSERT_TRUE(held->WaitHeld()) << "the flush never synced";
+    auto discard =
+        std::async(std::launch::async, [&] { return image.Discard(1 << 20, 65536); });
+    const bool ran =
+        discard.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    held->Release();
+    ASSERT_TRUE(ran) << "ext=" << ext << ": the discard waited for the flush's data sync";
+    ASSERT_TRUE(discard.get().ok());
+    ASSERT_TRUE(flush.get().ok());
+    ASSERT_TRUE(image.Flush().ok());
+
+    const auto ops = rec->ops();
+    const int l2_w = FirstWrite(ops, l2, 65536, mark);
+    const int rc_w = FirstWrite(ops, block, 65536, mark);
+    ASSERT_GE(l2_w, 0) << "ext=" << ext << ": the discard's mapping was never written";
+    ASSERT_GE(rc_w, 0) << "ext=" << ext << ": the free was never written";
+    // Rule: a refcount is lowered only after nothing on disk points at the
+    // cluster.
+    EXPECT_LT(l2_w, rc_w) << "ext=" << ext
+                          << ": the free reached the disk before the mapping";
+    EXPECT_TRUE(l2_w < rc_w && FlushBetween(ops, l2_w, rc_w)) << "ext=" << ext;
+    std::vector<uint8_t> got(65536);
+    ASSERT_TRUE(image.Read(1 << 20, got).ok());
+    EXPECT_EQ(got, std::vector<uint8_t>(65536, 0));
+  }
+}
+
 }  // namespace
 }  // namespace thindisk::qcow2

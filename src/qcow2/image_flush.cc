@@ -146,7 +146,13 @@ Status ImageImpl::FlushAll() {
   if (sync_first) TD_RETURN_IF_ERROR(storage_->Flush());
   {
     std::lock_guard lock(mu_);
-    if (!clean || !sync_first) {
+    // Metadata changed during the unlocked sync (a discard, say) is written
+    // now too, though the flush does not owe it: the frees taken below may
+    // belong to it, and a refcount must never drop while an L2 entry on
+    // disk still names the cluster. (Skipping this let a discard racing a
+    // clean flush free its cluster with the old mapping only in memory
+    // removed: a kill then left an L2 entry naming a free cluster.)
+    if (!clean || !sync_first || MetadataDirtyLocked()) {
       if (sync_first) l2_changes_synced_ = l2_changes;
       TD_RETURN_IF_ERROR(FlushMetadataLocked(&sync_owed));
     }
