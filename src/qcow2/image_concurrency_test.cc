@@ -172,6 +172,25 @@ std::unique_ptr<io::MemoryStorage> NewImage(uint64_t size, bool ext) {
   return mem;
 }
 
+// Reads `len` bytes at `off` and checks them against `data` there.
+Status ReadsAsWritten(Image& image, const std::vector<uint8_t>& data, uint64_t off,
+                      uint64_t len) {
+  std::vector<uint8_t> got(len);
+  Status s = image.Read(off, got);
+  const auto want = std::span<const uint8_t>(data).subspan(off, len);
+  if (s.ok() && !std::equal(want.begin(), want.end(), got.begin())) {
+    s = Status::Internal("read other bytes than were written");
+  }
+  return s;
+}
+
+// The host offset of the first L2 table, as the L1 table on disk says.
+uint64_t FirstL2Table(Image& image) {
+  uint8_t raw[8];
+  EXPECT_TRUE(image.storage().ReadAt(image.header().l1_table_offset, raw).ok());
+  return L1Offset(LoadBe64(raw));
+}
+
 TEST(FlushOrderingTest, DataThenRefcountsThenL2ThenL1) {
   for (bool ext : {false, true}) {
     auto rec_owned = std::make_unique<RecordingStorage>(NewImage(64 << 20, ext));
@@ -289,12 +308,7 @@ TEST(FlushConcurrencyTest, CleanFlushSyncsWithoutBlockingRequests) {
     // Requests on other threads, bounded: a flush holding the metadata lock
     // across its sync would keep them waiting until Release.
     auto requests = std::async(std::launch::async, [&] {
-      std::vector<uint8_t> got(8192);
-      Status s = image.Read(1 << 20, got);
-      const auto want = std::span<const uint8_t>(data).subspan(1 << 20, got.size());
-      if (s.ok() && !std::equal(want.begin(), want.end(), got.begin())) {
-        s = Status::Internal("read other bytes than were written");
-      }
+      Status s = ReadsAsWritten(image, data, 1 << 20, 8192);
       if (s.ok()) s = image.Write(2 << 20, Pattern(2, 4096));
       return s;
     });
@@ -343,9 +357,7 @@ TEST(FlushConcurrencyTest, WriteDuringTheDataSyncIsSyncedBeforeItsMapping) {
 
     auto st = image.GetStatus(2 << 20, 4096);
     ASSERT_TRUE(st.has_value() && st->has_host_offset);
-    uint8_t raw[8];
-    ASSERT_TRUE(image.storage().ReadAt(image.header().l1_table_offset, raw).ok());
-    const uint64_t l2 = L1Offset(LoadBe64(raw));
+    const uint64_t l2 = FirstL2Table(image);
     const auto ops = rec->ops();
     const int data_w = FirstWrite(ops, st->host_offset, 4096);
     ASSERT_GE(data_w, 0);
@@ -378,21 +390,14 @@ TEST(FlushConcurrencyTest, MappingSyncWithoutBlockingRequests) {
     ASSERT_TRUE(image.Write(0, data).ok());
     ASSERT_TRUE(image.Flush().ok());                           // the L2 table is on disk
     ASSERT_TRUE(image.Write(8 << 20, Pattern(2, 4096)).ok());  // a mapping to write
-    uint8_t raw[8];
-    ASSERT_TRUE(image.storage().ReadAt(image.header().l1_table_offset, raw).ok());
-    const uint64_t l2 = L1Offset(LoadBe64(raw));
+    const uint64_t l2 = FirstL2Table(image);
     ASSERT_NE(l2, 0u);
 
     held->ArmAfterWrite(l2, 65536);
     auto flush = std::async(std::launch::async, [&] { return image.Flush(); });
     ASSERT_TRUE(held->WaitHeld()) << "the flush never synced its L2 table";
     auto requests = std::async(std::launch::async, [&] {
-      std::vector<uint8_t> got(8192);
-      Status s = image.Read(1 << 20, got);
-      const auto want = std::span<const uint8_t>(data).subspan(1 << 20, got.size());
-      if (s.ok() && !std::equal(want.begin(), want.end(), got.begin())) {
-        s = Status::Internal("read other bytes than were written");
-      }
+      Status s = ReadsAsWritten(image, data, 1 << 20, 8192);
       if (s.ok()) s = image.Write(2 << 20, Pattern(3, 4096));
       if (s.ok()) s = image.Write(12 << 20, Pattern(4, 4096));
       return s;
@@ -437,9 +442,8 @@ TEST(FlushConcurrencyTest, ADiscardDuringACleanFlushIsFreedOnlyAfterItsMapping) 
     Image& image = **img;
     ASSERT_TRUE(image.Write(0, Pattern(1, 4 << 20)).ok());
     ASSERT_TRUE(image.Flush().ok());  // nothing dirty: the next flush is clean
+    const uint64_t l2 = FirstL2Table(image);
     uint8_t raw[8];
-    ASSERT_TRUE(image.storage().ReadAt(image.header().l1_table_offset, raw).ok());
-    const uint64_t l2 = L1Offset(LoadBe64(raw));
     ASSERT_TRUE(image.storage().ReadAt(image.header().refcount_table_offset, raw).ok());
     const uint64_t block = LoadBe64(raw);
     ASSERT_NE(l2, 0u);
