@@ -287,6 +287,24 @@ class HeldSyncStorage : public io::ForwardingStorage {
   bool written_ = false;
 };
 
+// A 16 MiB image whose syncs can be held, every write and sync recorded.
+struct HeldRecorded {
+  std::unique_ptr<Image> image;
+  HeldSyncStorage* held = nullptr;
+  RecordingStorage* rec = nullptr;
+};
+HeldRecorded OpenHeldRecorded(bool ext) {
+  HeldRecorded h;
+  auto held = std::make_unique<HeldSyncStorage>(NewImage(16 << 20, ext));
+  h.held = held.get();
+  auto rec = std::make_unique<RecordingStorage>(std::move(held));
+  h.rec = rec.get();
+  auto img = Image::Open(std::move(rec), {});
+  EXPECT_TRUE(img.has_value());
+  if (img) h.image = std::move(*img);
+  return h;
+}
+
 // A flush with no metadata to write is one sync of the data, and reads and
 // writes of allocated clusters go on while it waits for the disk (a
 // database's reads beside its log's fsync). A flush that must write
@@ -331,13 +349,11 @@ TEST(FlushConcurrencyTest, CleanFlushSyncsWithoutBlockingRequests) {
 // must sync once more before it writes the L2 table naming it.
 TEST(FlushConcurrencyTest, WriteDuringTheDataSyncIsSyncedBeforeItsMapping) {
   for (bool ext : {false, true}) {
-    auto held_owned = std::make_unique<HeldSyncStorage>(NewImage(16 << 20, ext));
-    HeldSyncStorage* held = held_owned.get();
-    auto rec_owned = std::make_unique<RecordingStorage>(std::move(held_owned));
-    RecordingStorage* rec = rec_owned.get();
-    auto img = Image::Open(std::move(rec_owned), {});
-    ASSERT_TRUE(img.has_value());
-    Image& image = **img;
+    HeldRecorded h = OpenHeldRecorded(ext);
+    ASSERT_TRUE(h.image);
+    Image& image = *h.image;
+    HeldSyncStorage* held = h.held;
+    RecordingStorage* rec = h.rec;
     ASSERT_TRUE(image.Write(0, Pattern(1, 4096)).ok());
     ASSERT_TRUE(image.Flush().ok());  // the L2 table exists and is durable
     ASSERT_TRUE(image.Write(1 << 20, Pattern(2, 4096)).ok());  // a mapping to write
@@ -433,13 +449,11 @@ TEST(FlushConcurrencyTest, MappingSyncWithoutBlockingRequests) {
 // (a kill -9 left exactly that: serve.kill, 2026-12-06).
 TEST(FlushConcurrencyTest, ADiscardDuringACleanFlushIsFreedOnlyAfterItsMapping) {
   for (bool ext : {false, true}) {
-    auto held_owned = std::make_unique<HeldSyncStorage>(NewImage(16 << 20, ext));
-    HeldSyncStorage* held = held_owned.get();
-    auto rec_owned = std::make_unique<RecordingStorage>(std::move(held_owned));
-    RecordingStorage* rec = rec_owned.get();
-    auto img = Image::Open(std::move(rec_owned), {});
-    ASSERT_TRUE(img.has_value());
-    Image& image = **img;
+    HeldRecorded h = OpenHeldRecorded(ext);
+    ASSERT_TRUE(h.image);
+    Image& image = *h.image;
+    HeldSyncStorage* held = h.held;
+    RecordingStorage* rec = h.rec;
     ASSERT_TRUE(image.Write(0, Pattern(1, 4 << 20)).ok());
     ASSERT_TRUE(image.Flush().ok());  // nothing dirty: the next flush is clean
     const uint64_t l2 = FirstL2Table(image);
