@@ -71,6 +71,17 @@ record() { echo "$1 $2 $3 $4" >>"$RESULTS"; }  # run target metric value
 iops() { jq ".jobs[0].$2.iops" "$1"; }
 mbps() { jq ".jobs[0].$2.bw_bytes / 1e6" "$1"; }
 
+# together JSON RUNTIME: the time-based jobs of one fio run ran at the same
+# time, not one after another. A server that takes one connection at a time
+# (qemu-nbd without -e) makes fio's other jobs wait their turn, and the sum
+# of their figures then measures each job alone.
+together() {
+  local wall
+  wall=$(jq '[.jobs[].elapsed] | max' "$1")
+  ((wall <= 2 * $2 + 10)) ||
+    die "fio's jobs took ${wall}s for ${2}s each: they ran one after another (does the server take one connection at a time?)"
+}
+
 # nbd_ready SOCKET [EXPORT]: a server answers a handshake there. The socket
 # file appears at bind(), before listen(): qemu-nbd refused fio's connection
 # in that window once (CI, 2026-12-03), so the file alone does not do.
