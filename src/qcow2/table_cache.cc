@@ -6,9 +6,10 @@ namespace thindisk::qcow2 {
 
 TableCache::TableCache(io::Storage& storage, uint64_t table_size, size_t capacity,
                        std::function<Status()> flush_hook, io::Event fresh_event,
-                       io::Event update_event)
+                       io::Event update_event, uint64_t cluster_size)
     : storage_(storage),
       table_size_(table_size),
+      cluster_size_(std::max(cluster_size, table_size)),
       capacity_(std::max<size_t>(capacity, 2)),
       flush_hook_(std::move(flush_hook)),
       fresh_event_(fresh_event),
@@ -31,10 +32,11 @@ void TableCache::MarkDirty(Table& t, uint64_t offset, uint64_t len) {
   }
 }
 
-Status TableCache::WriteTable(Table& t) {
+void TableCache::AddPieces(const Table& t, std::vector<Piece>* out) const {
+  const std::span<const uint8_t> bytes(t.data);
   if (t.fresh) {
-    storage_.Announce(fresh_event_);
-    return storage_.WriteAt(t.offset, t.data);
+    out->push_back({t.offset, bytes, true});
+    return;
   }
   const uint64_t sectors = (t.data.size() + kSector - 1) / kSector;
   auto is_dirty = [&](uint64_t s) {
@@ -53,12 +55,9 @@ Status TableCache::WriteTable(Table& t) {
     }
     const uint64_t from = s * kSector;
     const uint64_t to = std::min<uint64_t>(end * kSector, t.data.size());
-    storage_.Announce(update_event_);
-    const auto piece = std::span<const uint8_t>(t.data).subspan(from, to - from);
-    TD_RETURN_IF_ERROR(storage_.WriteAt(t.offset + from, piece));
+    out->push_back({t.offset + from, bytes.subspan(from, to - from), false});
     s = end;
   }
-  return Status::Ok();
 }
 
 Status TableCache::MakeRoom() {
@@ -69,8 +68,7 @@ Status TableCache::MakeRoom() {
       auto found = map_.find(*it);
       const auto& t = found->second.table;
       if (t.use_count() > 1 || t->dirty) continue;
-      lru_.erase(found->second.lru_pos);
-      map_.erase(found);
+      Erase(found);
       return Status::Ok();
     }
     // Everything unpinned is dirty: run the ordered flush, which cleans all
@@ -93,7 +91,17 @@ Status TableCache::Insert(std::shared_ptr<Table> t) {
   const uint64_t offset = t->offset;
   lru_.push_front(offset);
   map_.emplace(offset, Entry{std::move(t), lru_.begin()});
+  if (cluster_size_ > table_size_) ++cached_slices_[ClusterOf(offset)];
   return Status::Ok();
+}
+
+void TableCache::Erase(std::unordered_map<uint64_t, Entry>::iterator it) {
+  if (cluster_size_ > table_size_) {
+    auto group = cached_slices_.find(ClusterOf(it->first));
+    if (--group->second == 0) cached_slices_.erase(group);
+  }
+  lru_.erase(it->second.lru_pos);
+  map_.erase(it);
 }
 
 void TableCache::Outdate(uint64_t offset) {
@@ -151,8 +159,15 @@ void TableCache::Drop(uint64_t offset) {
     it->second.table->dirty_sectors.clear();
     --dirty_count_;
   }
-  lru_.erase(it->second.lru_pos);
-  map_.erase(it);
+  Erase(it);
+}
+
+void TableCache::DropCluster(uint64_t offset) {
+  if (cluster_size_ == table_size_) return Drop(offset);
+  // Most freed clusters are data, with nothing cached and nothing loading:
+  // one lookup each.
+  if (loading_.empty() && cached_slices_.count(offset) == 0) return;
+  for (uint64_t at = offset; at < offset + cluster_size_; at += table_size_) Drop(at);
 }
 
 Status TableCache::WriteDirty() {
@@ -164,8 +179,32 @@ Status TableCache::WriteDirty() {
   }
   std::sort(dirty.begin(), dirty.end(),
             [](const Table* a, const Table* b) { return a->offset < b->offset; });
+  std::vector<Piece> pieces;
+  for (const Table* t : dirty) AddPieces(*t, &pieces);
+  // Pieces that meet (the slices of a new table, above all) go in one write.
+  for (size_t i = 0; i < pieces.size();) {
+    size_t j = i + 1;
+    uint64_t end = pieces[i].offset + pieces[i].bytes.size();
+    bool fresh = pieces[i].fresh;
+    for (; j < pieces.size() && pieces[j].offset == end &&
+           end + pieces[j].bytes.size() - pieces[i].offset <= kMaxJoin;
+         ++j) {
+      end += pieces[j].bytes.size();
+      fresh = fresh || pieces[j].fresh;
+    }
+    std::span<const uint8_t> bytes = pieces[i].bytes;
+    if (j > i + 1) {
+      joined_.resize(end - pieces[i].offset);
+      uint8_t* at = joined_.data();
+      for (size_t k = i; k < j; ++k)
+        at = std::copy(pieces[k].bytes.begin(), pieces[k].bytes.end(), at);
+      bytes = joined_;
+    }
+    storage_.Announce(fresh ? fresh_event_ : update_event_);
+    TD_RETURN_IF_ERROR(storage_.WriteAt(pieces[i].offset, bytes));
+    i = j;
+  }
   for (Table* t : dirty) {
-    TD_RETURN_IF_ERROR(WriteTable(*t));
     t->dirty = false;
     t->fresh = false;
     t->dirty_sectors.clear();

@@ -1,14 +1,19 @@
-// TableCache: a write-back LRU cache of cluster-sized metadata tables
-// (L2 tables, refcount blocks), keyed by host offset.
+// TableCache: a write-back LRU cache of metadata tables (L2 tables,
+// refcount blocks), keyed by host offset. A cached table is a whole
+// cluster (refcount blocks) or a slice of one (L2 tables are cached in
+// 4 KiB slices, as qemu's L2 cache works: a lookup in a cold table reads
+// 4 KiB, not the whole cluster, and the same memory holds tables of more
+// of the disk).
 //
 // Tables are loaded on first use and changed in memory; a changed table is
 // marked dirty and reaches the file only when the owner's ordered flush
 // calls WriteDirty() (docs/engine.md: stage 1 for refcount blocks, stage 3
 // for L2 tables). The cache remembers which 512-byte sectors of a table
 // changed and writes only those (runs of them, joined across short clean
-// gaps), so a flush after one new mapping writes one sector of the L2 table
-// and one of the refcount block, not two whole clusters. A table made by
-// New() is written whole the first time: its cluster may hold old bytes.
+// gaps, and runs of neighbouring tables that meet joined into one write),
+// so a flush after one new mapping writes one sector of the L2 table and
+// one of the refcount block, not two whole clusters. A table made by New()
+// is written whole the first time: its cluster may hold old bytes.
 //
 // When the cache is full and its least recently used unpinned table is
 // dirty, the cache first calls the owner's flush hook (which runs the whole
@@ -25,6 +30,7 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -50,11 +56,14 @@ class TableCache {
   // this cache (and whatever must precede it); it is called with the owner's
   // lock held, and must not call back into Get()/New() of this cache in a way
   // that loads more than it frees.
-  // Each table write is announced to the storage as `fresh_event` (first
-  // write of a table made by New()) or `update_event`.
+  // Each write is announced to the storage as `fresh_event` (it holds the
+  // first write of a table made by New()) or `update_event`.
+  // `cluster_size`, when larger than `table_size`, makes each table a slice
+  // of a cluster (DropCluster drops them all); 0 means tables are clusters.
   TableCache(io::Storage& storage, uint64_t table_size, size_t capacity,
-             std::function<Status()> flush_hook, io::Event fresh_event = io::Event::kL2Alloc,
-             io::Event update_event = io::Event::kL2Update);
+             std::function<Status()> flush_hook,
+             io::Event fresh_event = io::Event::kL2Alloc,
+             io::Event update_event = io::Event::kL2Update, uint64_t cluster_size = 0);
 
   // The table at `offset`, read from storage on a miss.
   Result<std::shared_ptr<Table>> Get(uint64_t offset);
@@ -78,6 +87,8 @@ class TableCache {
   Result<std::shared_ptr<Table>> New(uint64_t offset);
   // Drops a table without writing it (its cluster was freed).
   void Drop(uint64_t offset);
+  // Drops every table (every slice) of the cluster at `offset`.
+  void DropCluster(uint64_t offset);
 
   // Writes every dirty table (no sync) and marks them clean.
   Status WriteDirty();
@@ -96,6 +107,12 @@ class TableCache {
   // Clean sectors between two changed ones are written too, rather than
   // split the write, when the gap is at most this long.
   static constexpr uint64_t kJoinGap = 4096;
+  // Pieces of neighbouring tables are joined into writes of at most this.
+  static constexpr uint64_t kMaxJoin = 1 << 20;
+
+  // What a cached table costs beyond its bytes, about: an owner that
+  // sizes a cache of small tables by memory counts it.
+  static constexpr uint64_t kBookkeeping = 256;
 
   size_t size() const { return map_.size(); }
   size_t capacity() const { return capacity_; }
@@ -109,15 +126,26 @@ class TableCache {
   // Makes room for one more table. May call flush_hook_.
   Status MakeRoom();
   void Touch(Entry& e);
-  // Writes the changed sectors of one table (all of it when fresh).
-  Status WriteTable(Table& t);
+  // A write of changed bytes of a table: `fresh` when it is the first of
+  // a table made by New().
+  struct Piece {
+    uint64_t offset;  // host offset
+    std::span<const uint8_t> bytes;
+    bool fresh;
+  };
+  // The changed sectors of one table (all of it when fresh), as pieces.
+  void AddPieces(const Table& t, std::vector<Piece>* out) const;
   // Caches `t` as the most recently used table.
   Status Insert(std::shared_ptr<Table> t);
+  // Forgets the cached table `it` names.
+  void Erase(std::unordered_map<uint64_t, Entry>::iterator it);
+  uint64_t ClusterOf(uint64_t offset) const { return offset & ~(cluster_size_ - 1); }
   // A load begun by BeginLoad must not cache what it read.
   void Outdate(uint64_t offset);
 
   io::Storage& storage_;
   const uint64_t table_size_;
+  const uint64_t cluster_size_;  // a power of two, at least table_size_
   const size_t capacity_;
   std::function<Status()> flush_hook_;
   const io::Event fresh_event_;
@@ -130,6 +158,10 @@ class TableCache {
   uint64_t changes_ = 0;
   // Loads in progress without the lock: offset -> outdated.
   std::unordered_map<uint64_t, bool> loading_;
+  // With slices: cluster offset -> how many of its slices are cached.
+  std::unordered_map<uint64_t, uint32_t> cached_slices_;
+  // Where WriteDirty joins pieces that meet.
+  std::vector<uint8_t> joined_;
 };
 
 }  // namespace thindisk::qcow2

@@ -27,7 +27,9 @@ class WriteLog final : public io::ForwardingStorage {
     writes.push_back({offset, buf.size()});
     return inner().WriteAt(offset, buf);
   }
+  void Announce(io::Event e) override { events.push_back(e); }
   std::vector<std::pair<uint64_t, uint64_t>> writes;  // offset, length
+  std::vector<io::Event> events;
 };
 
 TEST(TableCacheTest, LoadsFromStorageOnMiss) {
@@ -164,6 +166,70 @@ TEST(TableCacheTest, NewTableIsWrittenWholeOnce) {
   ASSERT_TRUE(cache.WriteDirty().ok());
   want = {{kBig + 4608, 512}};
   EXPECT_EQ(log.writes, want);
+}
+
+// Tables that are slices of a cluster: a new cluster's slices, all
+// changed, reach storage in one write (announced once, as a new table);
+// changed pieces of neighbouring slices that meet are joined too, and
+// pieces that do not meet are not.
+TEST(TableCacheTest, PiecesOfNeighbouringSlicesThatMeetAreOneWrite) {
+  constexpr uint64_t kCluster = 4 * kTable;
+  WriteLog log(0, 4 * kCluster, 0xee);
+  TableCache cache(log, kTable, 64, nullptr, io::Event::kL2Alloc, io::Event::kL2Update,
+                   kCluster);
+  for (uint64_t at = kCluster; at < 2 * kCluster; at += kTable) {
+    ASSERT_TRUE(cache.New(at).has_value());
+  }
+  ASSERT_TRUE(cache.WriteDirty().ok());
+  std::vector<std::pair<uint64_t, uint64_t>> want = {{kCluster, kCluster}};
+  EXPECT_EQ(log.writes, want);
+  EXPECT_EQ(log.events, std::vector<io::Event>{io::Event::kL2Alloc});
+  EXPECT_EQ(log.Stored(kCluster, kCluster), std::vector<uint8_t>(kCluster, 0));
+
+  log.writes.clear();
+  log.events.clear();
+  auto change = [&](uint64_t at) {
+    auto t = cache.Get(at / kTable * kTable);
+    ASSERT_TRUE(t.has_value());
+    (*t)->data[at % kTable] = 0x33;
+    cache.MarkDirty(**t, at % kTable, 1);
+  };
+  change(2 * kCluster + kTable - 1);  // the last sector of slice 0 ...
+  change(2 * kCluster + kTable);      // ... meets the first of slice 1
+  change(2 * kCluster + 3 * kTable);  // slice 3: a gap before it
+  ASSERT_TRUE(cache.WriteDirty().ok());
+  want = {{2 * kCluster, 2 * kTable}, {2 * kCluster + 3 * kTable, kTable}};
+  EXPECT_EQ(log.writes, want);
+  EXPECT_EQ(log.events, std::vector<io::Event>(2, io::Event::kL2Update));
+  EXPECT_EQ(log.Stored(2 * kCluster + kTable - 1, 2), std::vector<uint8_t>(2, 0x33));
+}
+
+// DropCluster forgets every slice of the cluster, changed or not, and a
+// load of one of them in progress; the slices of other clusters stay.
+TEST(TableCacheTest, DropClusterForgetsEverySliceOfIt) {
+  constexpr uint64_t kCluster = 4 * kTable;
+  auto storage = io::NewMemoryStorage();
+  TableCache cache(*storage, kTable, 64, nullptr, io::Event::kL2Alloc,
+                   io::Event::kL2Update, kCluster);
+  ASSERT_TRUE(cache.Get(kCluster).has_value());
+  ASSERT_TRUE(cache.New(kCluster + 2 * kTable).has_value());
+  ASSERT_TRUE(cache.Get(2 * kCluster + kTable).has_value());
+  ASSERT_TRUE(cache.BeginLoad(kCluster + 3 * kTable));
+  cache.DropCluster(kCluster);
+  EXPECT_FALSE(cache.Cached(kCluster));
+  EXPECT_FALSE(cache.Cached(kCluster + 2 * kTable));
+  EXPECT_FALSE(cache.HasDirty());
+  EXPECT_TRUE(cache.Cached(2 * kCluster + kTable));
+  EXPECT_EQ(cache.size(), 1u);
+  // The load that began before the drop must not cache what it read.
+  ASSERT_TRUE(
+      cache.FinishLoad(kCluster + 3 * kTable, std::vector<uint8_t>(kTable), true).ok());
+  EXPECT_FALSE(cache.Cached(kCluster + 3 * kTable));
+  // A cluster with nothing cached: nothing happens.
+  cache.DropCluster(3 * kCluster);
+  EXPECT_EQ(cache.size(), 1u);
+  ASSERT_TRUE(cache.WriteDirty().ok());
+  EXPECT_EQ(storage->bytes_written(), 0u);
 }
 
 }  // namespace
