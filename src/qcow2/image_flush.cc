@@ -186,7 +186,7 @@ Status ImageImpl::FlushAll() {
     const size_t before = freed.size();
     TD_RETURN_IF_ERROR(allocator_->ApplyFrees({r}, &freed));
     // A freed L2 table must never be written back over its next use.
-    for (size_t i = before; i < freed.size(); ++i) l2_cache_->Drop(freed[i]);
+    for (size_t i = before; i < freed.size(); ++i) l2_cache_->DropCluster(freed[i]);
   }
   if (!freed.empty()) DropCompressedCache();
   return Status::Ok();

@@ -104,6 +104,18 @@ class ImageImpl final : public Image {
   Status CheckRange(uint64_t offset, uint64_t length) const;
 
   // ---- mapping (image_map.cc); all REQUIRE mu_ ----
+  // The host offset of the cached slice of the L2 table at `l2_offset`
+  // that holds entry `l2i`, and where the entry is within the slice.
+  uint64_t L2SliceOffset(uint64_t l2_offset, uint64_t l2i) const {
+    return l2_offset + l2i / l2_slice_entries_ * l2_slice_size_;
+  }
+  uint64_t L2SliceByte(uint64_t l2i) const {
+    return l2i % l2_slice_entries_ * l2_entry_size_;
+  }
+  // The slice holding entry `l2i` of the L2 table at `l2_offset`.
+  Result<std::shared_ptr<Table>> L2SliceLocked(uint64_t l2_offset, uint64_t l2i) {
+    return l2_cache_->Get(L2SliceOffset(l2_offset, l2i));
+  }
   Result<L2Mapping> LookupLocked(uint64_t guest_cluster);
   // LookupLocked for a request (a read, a write, zeroes, a discard): an L2
   // table not in memory is read with `lock` (on mu_) released meanwhile, so
@@ -121,8 +133,8 @@ class ImageImpl final : public Image {
   Result<bool> LoadTableUnlocked(TableCache& cache, uint64_t offset,
                                  std::unique_lock<std::mutex>& lock);
   Status SetMappingLocked(uint64_t guest_cluster, const L2Mapping& m);
-  // The L2 table that maps `gc`, ready to be changed: allocated when there
-  // is none, copied when a snapshot shares it.
+  // The slice of the L2 table that maps `gc`, ready to be changed: the
+  // table allocated when there is none, copied when a snapshot shares it.
   Result<std::shared_ptr<Table>> WritableL2Locked(uint64_t gc);
   Status ValidateMapping(uint64_t guest_cluster, const L2Mapping& m);
   // Queues the release of whatever host space `m` holds.
@@ -315,6 +327,10 @@ class ImageImpl final : public Image {
   const uint64_t subcluster_size_;
   const uint64_t l2_entries_;
   const uint32_t l2_entry_size_;
+  // The L2 cache holds tables in slices of this many bytes (entries).
+  static constexpr uint64_t kL2SliceSize = 4096;
+  const uint64_t l2_slice_size_;
+  const uint64_t l2_slice_entries_;
   // Copies of header fields that never change while open, readable without mu_.
   const uint32_t version_;
   const CompressionType compression_type_;

@@ -62,8 +62,8 @@ Result<L2Mapping> ImageImpl::LookupLocked(uint64_t gc) {
     return Status::Corrupt(GuestPos(gc) + ": L2 table at " + Hex(l2_offset) +
                            " lies past the end of the file");
   }
-  TD_ASSIGN_OR_RETURN(auto table, l2_cache_->Get(l2_offset));
-  const uint8_t* p = &table->data[l2i * l2_entry_size_];
+  TD_ASSIGN_OR_RETURN(auto slice, L2SliceLocked(l2_offset, l2i));
+  const uint8_t* p = &slice->data[L2SliceByte(l2i)];
   uint64_t entry = LoadBe64(p);
   uint64_t bitmap = extended_ ? LoadBe64(p + 8) : 0;
   auto m = DecodeL2Entry(entry, bitmap, extended_, cluster_bits_);
@@ -79,7 +79,7 @@ bool ImageImpl::L2InMemoryLocked(uint64_t gc) const {
   const uint64_t l1i = gc / l2_entries_;
   if (l1i >= l1_.size()) return true;
   const uint64_t l2_offset = L1Offset(l1_[l1i]);
-  return l2_offset == 0 || l2_cache_->Cached(l2_offset);
+  return l2_offset == 0 || l2_cache_->Cached(L2SliceOffset(l2_offset, gc % l2_entries_));
 }
 
 Result<bool> ImageImpl::LoadTableUnlocked(TableCache& cache, uint64_t offset,
@@ -89,7 +89,7 @@ Result<bool> ImageImpl::LoadTableUnlocked(TableCache& cache, uint64_t offset,
     return false;
   }
   lock.unlock();
-  std::vector<uint8_t> data(cluster_size_);
+  std::vector<uint8_t> data(cache.table_size());
   Status read = storage_->ReadAt(offset, data);
   lock.lock();
   Status kept = cache.FinishLoad(offset, std::move(data), read.ok());
@@ -109,7 +109,8 @@ Result<L2Mapping> ImageImpl::LookupLoadingUnlocked(uint64_t gc,
     const uint64_t l2_offset = L1Offset(l1_[gc / l2_entries_]);
     if (l2_offset + cluster_size_ > allocator_->host_end())
       break;  // LookupLocked says why
-    TD_ASSIGN_OR_RETURN(bool ours, LoadTableUnlocked(*l2_cache_, l2_offset, lock));
+    const uint64_t slice = L2SliceOffset(l2_offset, gc % l2_entries_);
+    TD_ASSIGN_OR_RETURN(bool ours, LoadTableUnlocked(*l2_cache_, slice, lock));
     loads += ours;
   }
   return LookupLocked(gc);
@@ -118,13 +119,16 @@ Result<L2Mapping> ImageImpl::LookupLoadingUnlocked(uint64_t gc,
 Result<std::shared_ptr<Table>> ImageImpl::WritableL2Locked(uint64_t gc) {
   uint64_t l1i = gc / l2_entries_;
   if (l1i >= l1_.size()) return Status::Internal(GuestPos(gc) + ": beyond the L1 table");
+  const uint64_t l2i = gc % l2_entries_;
   uint64_t l1e = l1_[l1i];
-  std::shared_ptr<Table> table;
   if (L1Offset(l1e) == 0) {
-    // A new, empty L2 table. It reaches the disk in stage 3, the L1 entry
-    // pointing at it only in stage 4.
+    // A new, empty L2 table, every slice of it made in the cache (its
+    // cluster may hold old bytes). It reaches the disk in stage 3, the L1
+    // entry pointing at it only in stage 4.
     TD_ASSIGN_OR_RETURN(auto a, allocator_->AllocateClusters(1));
-    TD_ASSIGN_OR_RETURN(table, l2_cache_->New(a.offset));
+    for (uint64_t at = 0; at < cluster_size_; at += l2_slice_size_) {
+      TD_RETURN_IF_ERROR(l2_cache_->New(a.offset + at).status());
+    }
     l1_[l1i] = a.offset | kCopied;
     l1_dirty_.insert(l1i);
   } else if (!(l1e & kCopied)) {
@@ -133,31 +137,30 @@ Result<std::shared_ptr<Table>> ImageImpl::WritableL2Locked(uint64_t gc) {
     uint64_t old_offset = L1Offset(l1e);
     TD_ASSIGN_OR_RETURN(uint64_t rc, allocator_->GetRefcount(old_offset));
     if (rc == 1) {
-      TD_ASSIGN_OR_RETURN(table, l2_cache_->Get(old_offset));
       l1_[l1i] = old_offset | kCopied;
     } else {
-      TD_ASSIGN_OR_RETURN(auto old_table, l2_cache_->Get(old_offset));
       TD_ASSIGN_OR_RETURN(auto a, allocator_->AllocateClusters(1));
-      TD_ASSIGN_OR_RETURN(table, l2_cache_->New(a.offset));
-      table->data = old_table->data;
+      for (uint64_t at = 0; at < cluster_size_; at += l2_slice_size_) {
+        TD_ASSIGN_OR_RETURN(auto old_slice, l2_cache_->Get(old_offset + at));
+        TD_ASSIGN_OR_RETURN(auto slice, l2_cache_->New(a.offset + at));
+        slice->data = old_slice->data;
+      }
       l1_[l1i] = a.offset | kCopied;
       allocator_->DeferFree(old_offset, 1);
     }
     l1_dirty_.insert(l1i);
-  } else {
-    TD_ASSIGN_OR_RETURN(table, l2_cache_->Get(L1Offset(l1e)));
   }
-  return table;
+  return L2SliceLocked(L1Offset(l1_[l1i]), l2i);
 }
 
 Status ImageImpl::SetMappingLocked(uint64_t gc, const L2Mapping& m) {
-  TD_ASSIGN_OR_RETURN(std::shared_ptr<Table> table, WritableL2Locked(gc));
-  uint64_t l2i = gc % l2_entries_;
+  TD_ASSIGN_OR_RETURN(std::shared_ptr<Table> slice, WritableL2Locked(gc));
+  const uint64_t at = L2SliceByte(gc % l2_entries_);
   L2Words w = EncodeL2Entry(m, extended_, cluster_bits_);
-  uint8_t* p = &table->data[l2i * l2_entry_size_];
+  uint8_t* p = &slice->data[at];
   StoreBe64(p, w.entry);
   if (extended_) StoreBe64(p + 8, w.bitmap);
-  l2_cache_->MarkDirty(*table, l2i * l2_entry_size_, l2_entry_size_);
+  l2_cache_->MarkDirty(*slice, at, l2_entry_size_);
   return Status::Ok();
 }
 

@@ -104,6 +104,8 @@ ImageImpl::ImageImpl(std::unique_ptr<io::Storage> storage, Header header, bool r
       subcluster_size_(header.subcluster_size()),
       l2_entries_(header.l2_entries()),
       l2_entry_size_(header.l2_entry_size()),
+      l2_slice_size_(std::min<uint64_t>(cluster_size_, kL2SliceSize)),
+      l2_slice_entries_(l2_slice_size_ / l2_entry_size_),
       version_(header.version),
       compression_type_(header.compression_type),
       header_(std::move(header)) {
@@ -180,7 +182,18 @@ Status ImageImpl::Init(const OpenOptions& options, uint64_t file_size) {
   size_t rc_tables = size_t(std::max<uint64_t>(tables / 8, 2));
   size_t l2_tables = size_t(std::max<uint64_t>(tables - tables / 8, 4));
   auto flush_hook = [this]() { return FlushMetadataLocked(); };
-  l2_cache_ = std::make_unique<TableCache>(*storage_, cluster_size_, l2_tables, flush_hook);
+  // The L2 budget in slices, each charged its bookkeeping too (the Table,
+  // its map and LRU entries: about 220 bytes, 5% of a 4 KiB slice), so the
+  // cache stays within its bytes (docs/serve-limits.md).
+  const uint64_t slices_per_table = cluster_size_ / l2_slice_size_;
+  const uint64_t slices = slices_per_table == 1
+                              ? l2_tables
+                              : std::max(l2_tables * cluster_size_ /
+                                             (l2_slice_size_ + TableCache::kBookkeeping),
+                                         4 * slices_per_table);
+  l2_cache_ = std::make_unique<TableCache>(*storage_, l2_slice_size_, size_t(slices),
+                                           flush_hook, io::Event::kL2Alloc,
+                                           io::Event::kL2Update, cluster_size_);
   TD_ASSIGN_OR_RETURN(allocator_,
                       Allocator::Open(*storage_, header_, file_size, rc_tables, flush_hook));
   // Single clusters come from a reserve: a flush then rarely writes a

@@ -218,9 +218,12 @@ Status SnapshotEditor::ForEachReference(const std::vector<uint64_t>& l1, Fn fn) 
           fmt::format("L1 entry {} points at {:#x}, outside the file", i, l2));
     }
     TD_RETURN_IF_ERROR(fn(l2, uint64_t{1}));
-    TD_ASSIGN_OR_RETURN(auto table, img_.l2_cache_->Get(l2));
+    std::shared_ptr<Table> slice;
     for (uint64_t k = 0; k < img_.l2_entries_; ++k) {
-      const uint8_t* p = &table->data[k * img_.l2_entry_size_];
+      if (k % img_.l2_slice_entries_ == 0) {
+        TD_ASSIGN_OR_RETURN(slice, img_.L2SliceLocked(l2, k));
+      }
+      const uint8_t* p = &slice->data[img_.L2SliceByte(k)];
       uint64_t bitmap = img_.extended_ ? LoadBe64(p + 8) : 0;
       auto m = DecodeL2Entry(LoadBe64(p), bitmap, img_.extended_, bits);
       if (!m) return m.error().WithContext(fmt::format("L2 table {:#x} entry {}", l2, k));
@@ -250,10 +253,12 @@ Status SnapshotEditor::FixCopiedLocked(std::vector<uint64_t>& l1,
       l1[i] = (l1[i] & ~kCopied) | want;
       if (changed_l1) changed_l1->insert(i);
     }
-    TD_ASSIGN_OR_RETURN(auto table, img_.l2_cache_->Get(l2));
-    bool changed = false;
+    std::shared_ptr<Table> slice;
     for (uint64_t k = 0; k < img_.l2_entries_; ++k) {
-      uint8_t* p = &table->data[k * img_.l2_entry_size_];
+      if (k % img_.l2_slice_entries_ == 0) {
+        TD_ASSIGN_OR_RETURN(slice, img_.L2SliceLocked(l2, k));
+      }
+      uint8_t* p = &slice->data[img_.L2SliceByte(k)];
       uint64_t entry = LoadBe64(p);
       uint64_t bitmap = img_.extended_ ? LoadBe64(p + 8) : 0;
       auto m = DecodeL2Entry(entry, bitmap, img_.extended_, img_.cluster_bits_);
@@ -265,10 +270,9 @@ Status SnapshotEditor::FixCopiedLocked(std::vector<uint64_t>& l1,
       uint64_t want_data = data_rc == 1 ? kCopied : 0;
       if ((entry & kCopied) != want_data) {
         StoreBe64(p, (entry & ~kCopied) | want_data);
-        changed = true;
+        img_.l2_cache_->MarkDirty(*slice, img_.L2SliceByte(k), img_.l2_entry_size_);
       }
     }
-    if (changed) img_.l2_cache_->MarkDirty(*table);
   }
   return Status::Ok();
 }
