@@ -91,12 +91,12 @@ Status TableCache::Insert(std::shared_ptr<Table> t) {
   const uint64_t offset = t->offset;
   lru_.push_front(offset);
   map_.emplace(offset, Entry{std::move(t), lru_.begin()});
-  if (cluster_size_ > table_size_) ++cached_slices_[ClusterOf(offset)];
+  if (sliced()) ++cached_slices_[ClusterOf(offset)];
   return Status::Ok();
 }
 
 void TableCache::Erase(std::unordered_map<uint64_t, Entry>::iterator it) {
-  if (cluster_size_ > table_size_) {
+  if (sliced()) {
     auto group = cached_slices_.find(ClusterOf(it->first));
     if (--group->second == 0) cached_slices_.erase(group);
   }
@@ -163,7 +163,7 @@ void TableCache::Drop(uint64_t offset) {
 }
 
 void TableCache::DropCluster(uint64_t offset) {
-  if (cluster_size_ == table_size_) return Drop(offset);
+  if (!sliced()) return Drop(offset);
   // Most freed clusters are data, with nothing cached and nothing loading:
   // one lookup each.
   if (loading_.empty() && cached_slices_.count(offset) == 0) return;
@@ -193,12 +193,12 @@ Status TableCache::WriteDirty() {
       fresh = fresh || pieces[j].fresh;
     }
     std::span<const uint8_t> bytes = pieces[i].bytes;
+    std::vector<uint8_t> joined;
     if (j > i + 1) {
-      joined_.resize(end - pieces[i].offset);
-      uint8_t* at = joined_.data();
+      joined.reserve(end - pieces[i].offset);
       for (size_t k = i; k < j; ++k)
-        at = std::copy(pieces[k].bytes.begin(), pieces[k].bytes.end(), at);
-      bytes = joined_;
+        joined.insert(joined.end(), pieces[k].bytes.begin(), pieces[k].bytes.end());
+      bytes = joined;
     }
     storage_.Announce(fresh ? fresh_event_ : update_event_);
     TD_RETURN_IF_ERROR(storage_.WriteAt(pieces[i].offset, bytes));

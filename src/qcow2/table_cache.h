@@ -139,6 +139,8 @@ class TableCache {
   Status Insert(std::shared_ptr<Table> t);
   // Forgets the cached table `it` names.
   void Erase(std::unordered_map<uint64_t, Entry>::iterator it);
+  // Whether tables are slices of clusters (cached_slices_ counts them).
+  bool sliced() const { return cluster_size_ > table_size_; }
   uint64_t ClusterOf(uint64_t offset) const { return offset & ~(cluster_size_ - 1); }
   // A load begun by BeginLoad must not cache what it read.
   void Outdate(uint64_t offset);
@@ -160,8 +162,6 @@ class TableCache {
   std::unordered_map<uint64_t, bool> loading_;
   // With slices: cluster offset -> how many of its slices are cached.
   std::unordered_map<uint64_t, uint32_t> cached_slices_;
-  // Where WriteDirty joins pieces that meet.
-  std::vector<uint8_t> joined_;
 };
 
 }  // namespace thindisk::qcow2
