@@ -12,6 +12,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <tuple>
+#include <utility>
 
 namespace thindisk::io {
 namespace {
@@ -51,19 +54,48 @@ int RetryFallocate(int fd, int mode, uint64_t offset, uint64_t length) {
   return r < 0 ? errno : 0;
 }
 
+// A second descriptor of the file open as `fd`, with O_DIRECT, and the
+// alignment its transfers need; {-1, 0} where the kernel cannot say the
+// alignment (before Linux 6.1), the filesystem refuses O_DIRECT or /proc is
+// not mounted.
+std::pair<int, uint32_t> OpenRewriteFd(int fd) {
+  struct statx sx {};
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0) return {-1, 0};
+  const uint32_t align = sx.stx_dio_offset_align;
+  if ((sx.stx_mask & STATX_DIOALIGN) == 0 || align == 0 || (align & (align - 1)) != 0 ||
+      align > kDefaultDirectBlock || sx.stx_dio_mem_align > kDefaultDirectBlock) {
+    return {-1, 0};
+  }
+  const std::string self = "/proc/self/fd/" + std::to_string(fd);
+  const int rewrite_fd = open(self.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+  if (rewrite_fd < 0) return {-1, 0};
+  return {rewrite_fd, align};
+}
+
 }  // namespace
 
-PosixStorage::PosixStorage(int fd, std::string path, const OpenOptions& options, bool direct,
-                           uint32_t block_size, bool is_block_device)
+PosixStorage::PosixStorage(int fd, std::string path, const OpenOptions& options,
+                           bool direct, uint32_t block_size, bool is_block_device)
+    : PosixStorage(fd, std::move(path), options, direct, block_size, is_block_device, -1,
+                   0) {}
+
+PosixStorage::PosixStorage(int fd, std::string path, const OpenOptions& options,
+                           bool direct, uint32_t block_size, bool is_block_device,
+                           int rewrite_fd, uint32_t rewrite_align)
     : fd_(fd),
       path_(std::move(path)),
       read_only_(options.read_only),
       cache_(options.cache),
       direct_(direct),
       block_size_(block_size),
-      is_block_device_(is_block_device) {}
+      is_block_device_(is_block_device),
+      rewrite_fd_(rewrite_fd),
+      rewrite_align_(rewrite_align) {}
 
-PosixStorage::~PosixStorage() { close(fd_); }
+PosixStorage::~PosixStorage() {
+  close(fd_);
+  if (rewrite_fd_ >= 0) close(rewrite_fd_);
+}
 
 Status PosixStorage::Error(int e, const char* op) const {
   return Status::FromErrno(e, path_ + ": " + op);
@@ -118,6 +150,40 @@ Status PosixStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
   TD_RETURN_IF_ERROR(CheckRange(path_, offset, buf.size()));
   if (buf.empty()) return Status::Ok();
   TD_RETURN_IF_ERROR(direct_ ? DirectWrite(offset, buf) : PwriteFull(offset, buf));
+  bytes_written_ += buf.size();
+  return Status::Ok();
+}
+
+Status PosixStorage::RewriteAt(uint64_t offset, std::span<const uint8_t> buf) {
+  const uint64_t align = rewrite_align_;
+  if (!rewrites_direct() || buf.empty() || buf.size() > kBounceBytes ||
+      offset % align != 0 || buf.size() % align != 0) {
+    return WriteAt(offset, buf);
+  }
+  TD_RETURN_IF_ERROR(CheckWritable());
+  TD_RETURN_IF_ERROR(CheckRange(path_, offset, buf.size()));
+  AlignedBuffer bounce = AllocAligned(kDefaultDirectBlock, buf.size());
+  if (!bounce) return WriteAt(offset, buf);
+  std::memcpy(bounce.get(), buf.data(), buf.size());
+  size_t done = 0;
+  while (done < buf.size()) {
+    ssize_t n = pwrite(rewrite_fd_, bounce.get() + done, buf.size() - done,
+                       static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EINVAL && done == 0) {
+      // Refused as misaligned after all: nothing was written.
+      rewrite_ok_ = false;
+      return WriteAt(offset, buf);
+    }
+    if (n < 0) return Error(errno, "pwrite (O_DIRECT)");
+    if (n == 0 || n % align != 0) {
+      // A short direct write: the rest through the page cache.
+      done += static_cast<size_t>(n);
+      TD_RETURN_IF_ERROR(PwriteFull(offset + done, buf.subspan(done)));
+      break;
+    }
+    done += static_cast<size_t>(n);
+  }
   bytes_written_ += buf.size();
   return Status::Ok();
 }
@@ -426,8 +492,13 @@ Result<std::unique_ptr<Storage>> OpenFile(const std::string& path, const OpenOpt
       }
     }
   }
-  return std::unique_ptr<Storage>(
-      std::make_unique<PosixStorage>(fd, path, options, direct, block_size, is_block_device));
+  auto [rewrite_fd, rewrite_align] = std::pair<int, uint32_t>{-1, 0};
+  if (!options.read_only && options.cache == CacheMode::kWriteback &&
+      (S_ISREG(st.st_mode) || is_block_device)) {
+    std::tie(rewrite_fd, rewrite_align) = OpenRewriteFd(fd);
+  }
+  return std::unique_ptr<Storage>(std::make_unique<PosixStorage>(
+      fd, path, options, direct, block_size, is_block_device, rewrite_fd, rewrite_align));
 }
 
 }  // namespace thindisk::io

@@ -18,6 +18,17 @@
 // A filesystem that refuses O_DIRECT (e.g. tmpfs) fails OpenFile with
 // kNotSupported saying so; callers may retry with kWriteback.
 //
+// CacheMode::kWriteback on a writable file also opens the file a second
+// time with O_DIRECT (through /proc/self/fd, so the very same file), for
+// RewriteAt: a changed 512-byte sector of an L2 table reaches the disk as
+// one sector, where through the page cache the flush would write its whole
+// 4 KiB page. Only runs aligned to the file's direct I/O alignment (statx
+// STATX_DIOALIGN) go that way; everything else, and every file where the
+// second open fails or the kernel cannot say the alignment, is WriteAt.
+// Flush's fdatasync covers both descriptors: it syncs the file, not a
+// descriptor. The kernel writes back and drops any cached page a direct
+// write covers, so reads through the page cache see the new bytes.
+//
 // Thread safety: all methods may be called concurrently (see storage.h).
 // Errors carry the path: "disk.qcow2: pwrite: No space left on device".
 #pragma once
@@ -41,12 +52,19 @@ class PosixStorage final : public Storage {
   // must be aligned to `block_size` (a power of two).
   PosixStorage(int fd, std::string path, const OpenOptions& options, bool direct,
                uint32_t block_size, bool is_block_device);
+  // With a second descriptor of the same file opened O_DIRECT, whose
+  // transfers must be aligned to `rewrite_align` (ownership taken), for
+  // RewriteAt.
+  PosixStorage(int fd, std::string path, const OpenOptions& options, bool direct,
+               uint32_t block_size, bool is_block_device, int rewrite_fd,
+               uint32_t rewrite_align);
   ~PosixStorage() override;
   PosixStorage(const PosixStorage&) = delete;
   PosixStorage& operator=(const PosixStorage&) = delete;
 
   Status ReadAt(uint64_t offset, std::span<uint8_t> buf) override;
   Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) override;
+  Status RewriteAt(uint64_t offset, std::span<const uint8_t> buf) override;
   Status Flush() override;
   Result<uint64_t> Size() override;
   Status Resize(uint64_t size) override;
@@ -61,6 +79,8 @@ class PosixStorage final : public Storage {
   const std::string& name() const override { return path_; }
 
   bool direct() const { return direct_; }
+  // Whether RewriteAt can send aligned runs around the page cache.
+  bool rewrites_direct() const { return rewrite_fd_ >= 0 && rewrite_ok_.load(); }
 
  private:
   static constexpr size_t kStripes = 64;
@@ -86,6 +106,11 @@ class PosixStorage final : public Storage {
   const bool direct_;
   const uint32_t block_size_;
   const bool is_block_device_;
+  // The O_DIRECT descriptor for RewriteAt, -1 for none; rewrite_ok_ turns
+  // false for good if the kernel refuses a direct write as misaligned.
+  const int rewrite_fd_ = -1;
+  const uint32_t rewrite_align_ = 0;
+  std::atomic<bool> rewrite_ok_{true};
   std::atomic<uint64_t> bytes_written_{0};
   // Serializes RMWs that touch the same block (block index % kStripes).
   std::array<std::mutex, kStripes> stripes_;

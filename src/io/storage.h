@@ -9,7 +9,8 @@
 //    (the format drivers) serialize those they care about.
 //  - ReadAt: bytes at or past Size() read as zeros (a sparse file's tail).
 //    A short read inside the file is retried; only real errors are returned.
-//  - WriteAt: extends the file when writing past its end.
+//  - WriteAt: extends the file when writing past its end. RewriteAt is
+//    WriteAt, for a caller that rewrites a few sectors in place.
 //  - Flush: every write that completed before Flush was called is durable
 //    when it returns OK (fdatasync).
 //  - Allocate: reserves host space for the range (fallocate mode 0) without
@@ -77,6 +78,15 @@ class Storage {
 
   virtual Status ReadAt(uint64_t offset, std::span<uint8_t> buf) = 0;
   virtual Status WriteAt(uint64_t offset, std::span<const uint8_t> buf) = 0;
+  // WriteAt for a few changed sectors of bytes already stored (metadata
+  // rewritten in place), with the same contract. A file in the page cache
+  // may send them around it (O_DIRECT, io/posix_storage.h), so the next
+  // Flush writes these sectors rather than the whole pages they would
+  // dirty. The default, and every wrapper that does not override it, is
+  // WriteAt: a rewrite is a write to whatever watches writes.
+  virtual Status RewriteAt(uint64_t offset, std::span<const uint8_t> buf) {
+    return WriteAt(offset, buf);
+  }
   virtual Status Flush() = 0;
   virtual Result<uint64_t> Size() = 0;
   // Truncates or extends; extended space reads as zeros.

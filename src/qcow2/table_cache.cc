@@ -182,27 +182,37 @@ Status TableCache::WriteDirty() {
   std::vector<Piece> pieces;
   for (const Table* t : dirty) AddPieces(*t, &pieces);
   // Pieces that meet (the slices of a new table, above all) go in one write.
+  struct Write {
+    size_t first, last;  // pieces[first, last)
+    uint64_t end;
+    bool fresh;
+  };
+  std::vector<Write> writes;
   for (size_t i = 0; i < pieces.size();) {
-    size_t j = i + 1;
-    uint64_t end = pieces[i].offset + pieces[i].bytes.size();
-    bool fresh = pieces[i].fresh;
-    for (; j < pieces.size() && pieces[j].offset == end &&
-           end + pieces[j].bytes.size() - pieces[i].offset <= kMaxJoin;
-         ++j) {
-      end += pieces[j].bytes.size();
-      fresh = fresh || pieces[j].fresh;
+    Write w{i, i + 1, pieces[i].offset + pieces[i].bytes.size(), pieces[i].fresh};
+    for (; w.last < pieces.size() && pieces[w.last].offset == w.end &&
+           w.end + pieces[w.last].bytes.size() - pieces[i].offset <= kMaxJoin;
+         ++w.last) {
+      w.end += pieces[w.last].bytes.size();
+      w.fresh = w.fresh || pieces[w.last].fresh;
     }
-    std::span<const uint8_t> bytes = pieces[i].bytes;
+    writes.push_back(w);
+    i = w.last;
+  }
+  const bool rewrite = writes.size() <= kMaxRewrites;
+  for (const Write& w : writes) {
+    std::span<const uint8_t> bytes = pieces[w.first].bytes;
     std::vector<uint8_t> joined;
-    if (j > i + 1) {
-      joined.reserve(end - pieces[i].offset);
-      for (size_t k = i; k < j; ++k)
+    if (w.last > w.first + 1) {
+      joined.reserve(w.end - pieces[w.first].offset);
+      for (size_t k = w.first; k < w.last; ++k)
         joined.insert(joined.end(), pieces[k].bytes.begin(), pieces[k].bytes.end());
       bytes = joined;
     }
-    storage_.Announce(fresh ? fresh_event_ : update_event_);
-    TD_RETURN_IF_ERROR(storage_.WriteAt(pieces[i].offset, bytes));
-    i = j;
+    const uint64_t offset = pieces[w.first].offset;
+    storage_.Announce(w.fresh ? fresh_event_ : update_event_);
+    TD_RETURN_IF_ERROR(rewrite && !w.fresh ? storage_.RewriteAt(offset, bytes)
+                                           : storage_.WriteAt(offset, bytes));
   }
   for (Table* t : dirty) {
     t->dirty = false;

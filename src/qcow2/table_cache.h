@@ -90,7 +90,9 @@ class TableCache {
   // Drops every table (every slice) of the cluster at `offset`.
   void DropCluster(uint64_t offset);
 
-  // Writes every dirty table (no sync) and marks them clean.
+  // Writes every dirty table (no sync) and marks them clean. When that
+  // takes at most kMaxRewrites writes, those of tables already on disk go
+  // through io::Storage::RewriteAt (a file writes just those sectors).
   Status WriteDirty();
   bool HasDirty() const { return dirty_count_ > 0; }
   // How many times a table has been changed (MarkDirty, New) since the cache
@@ -109,6 +111,10 @@ class TableCache {
   static constexpr uint64_t kJoinGap = 4096;
   // Pieces of neighbouring tables are joined into writes of at most this.
   static constexpr uint64_t kMaxJoin = 1 << 20;
+  // A flush that writes more pieces than this writes them all through the
+  // page cache: written around it, each is a device round trip of its own,
+  // where the flush's sync sends the pages all at once.
+  static constexpr size_t kMaxRewrites = 2;
 
   // What a cached table costs beyond its bytes, about: an owner that
   // sizes a cache of small tables by memory counts it.

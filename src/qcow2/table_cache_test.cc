@@ -27,8 +27,15 @@ class WriteLog final : public io::ForwardingStorage {
     writes.push_back({offset, buf.size()});
     return inner().WriteAt(offset, buf);
   }
+  // A rewrite is logged in both lists.
+  Status RewriteAt(uint64_t offset, std::span<const uint8_t> buf) override {
+    rewrites.push_back({offset, buf.size()});
+    return WriteAt(offset, buf);
+  }
   void Announce(io::Event e) override { events.push_back(e); }
   std::vector<std::pair<uint64_t, uint64_t>> writes;  // offset, length
+  std::vector<std::pair<uint64_t, uint64_t>>
+      rewrites;  // those of writes made by RewriteAt
   std::vector<io::Event> events;
 };
 
@@ -144,6 +151,48 @@ TEST(TableCacheTest, WritesOnlyChangedSectors) {
   ASSERT_TRUE(cache.WriteDirty().ok());
   want = {{kBig + 40000 / 512 * 512, 512}};
   EXPECT_EQ(log.writes, want);
+}
+
+// Changed sectors of tables already on disk are rewrites (a file sends
+// them around its page cache) when the write-back takes at most
+// kMaxRewrites writes; a new table's first write never is one, and a
+// write-back of many pieces writes them all through the page cache.
+TEST(TableCacheTest, FewChangedPiecesOfTablesOnDiskAreRewrites) {
+  constexpr uint64_t kBig = 65536;
+  static_assert(TableCache::kMaxRewrites == 2, "the cases below count on two");
+  WriteLog log(kBig, 2 * kBig, 0x11);
+  TableCache cache(log, kBig, 4, nullptr);
+  auto t = cache.Get(kBig);
+  ASSERT_TRUE(t.has_value());
+  auto change = [&](uint64_t at) {
+    (*t)->data[at] ^= 0xff;
+    cache.MarkDirty(**t, at, 1);
+  };
+  using Extents = std::vector<std::pair<uint64_t, uint64_t>>;
+  auto write_back = [&](const Extents& writes, const Extents& rewrites) {
+    log.writes.clear();
+    log.rewrites.clear();
+    ASSERT_TRUE(cache.WriteDirty().ok());
+    EXPECT_EQ(log.writes, writes);
+    EXPECT_EQ(log.rewrites, rewrites);
+    EXPECT_EQ(log.Stored(kBig, kBig), (*t)->data);
+  };
+  change(1000);
+  write_back({{kBig + 512, 512}}, {{kBig + 512, 512}});
+  change(1000);
+  change(40000);
+  write_back({{kBig + 512, 512}, {kBig + 39936, 512}},
+             {{kBig + 512, 512}, {kBig + 39936, 512}});
+  change(1000);
+  change(40000);
+  change(60000);
+  write_back({{kBig + 512, 512}, {kBig + 39936, 512}, {kBig + 59904, 512}}, {});
+  // A new table beside one changed sector: two writes, the new one a write.
+  auto fresh = cache.New(2 * kBig);
+  ASSERT_TRUE(fresh.has_value());
+  change(1000);
+  write_back({{kBig + 512, 512}, {2 * kBig, kBig}}, {{kBig + 512, 512}});
+  EXPECT_EQ(log.Stored(2 * kBig, kBig), std::vector<uint8_t>(kBig, 0));
 }
 
 // A table made by New() may sit on a cluster holding old bytes: its first
