@@ -54,18 +54,25 @@ int RetryFallocate(int fd, int mode, uint64_t offset, uint64_t length) {
   return r < 0 ? errno : 0;
 }
 
+// The alignment direct I/O on `fd` needs, of offsets, lengths and memory
+// alike (statx STATX_DIOALIGN, Linux 6.1); 0 where the kernel does not say,
+// or says something other than a power of two up to 4096.
+uint32_t DirectIoAlign(int fd) {
+  struct statx sx {};
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0) return 0;
+  if ((sx.stx_mask & STATX_DIOALIGN) == 0 || sx.stx_dio_offset_align == 0) return 0;
+  const uint32_t align = std::max(sx.stx_dio_offset_align, sx.stx_dio_mem_align);
+  if ((align & (align - 1)) != 0 || align > kDefaultDirectBlock) return 0;
+  return align;
+}
+
 // A second descriptor of the file open as `fd`, with O_DIRECT, and the
 // alignment its transfers need; {-1, 0} where the kernel cannot say the
 // alignment (before Linux 6.1), the filesystem refuses O_DIRECT or /proc is
 // not mounted.
 std::pair<int, uint32_t> OpenRewriteFd(int fd) {
-  struct statx sx {};
-  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0) return {-1, 0};
-  const uint32_t align = sx.stx_dio_offset_align;
-  if ((sx.stx_mask & STATX_DIOALIGN) == 0 || align == 0 || (align & (align - 1)) != 0 ||
-      align > kDefaultDirectBlock || sx.stx_dio_mem_align > kDefaultDirectBlock) {
-    return {-1, 0};
-  }
+  const uint32_t align = DirectIoAlign(fd);
+  if (align == 0) return {-1, 0};
   const std::string self = "/proc/self/fd/" + std::to_string(fd);
   const int rewrite_fd = open(self.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
   if (rewrite_fd < 0) return {-1, 0};
@@ -490,6 +497,11 @@ Result<std::unique_ptr<Storage>> OpenFile(const std::string& path, const OpenOpt
       if (ioctl(fd, BLKSSZGET, &logical) == 0 && logical >= 512 && (logical & (logical - 1)) == 0) {
         block_size = static_cast<uint32_t>(logical);
       }
+    } else if (const uint32_t align = DirectIoAlign(fd); align != 0) {
+      // The file's own alignment (512 bytes on most disks): a changed
+      // 512-byte sector is then written as it is, not read-modify-written
+      // as a 4 KiB block.
+      block_size = align;
     }
   }
   auto [rewrite_fd, rewrite_align] = std::pair<int, uint32_t>{-1, 0};

@@ -12,7 +12,8 @@
 //
 // CacheMode::kNone opens with O_DIRECT. Requests whose offset, length or
 // buffer address are not multiples of the device's logical block size
-// (BLKSSZGET on block devices, 4096 for files) are bounced through an aligned
+// (BLKSSZGET on block devices; on files the direct I/O alignment statx
+// STATX_DIOALIGN reports, else 4096) are bounced through an aligned
 // buffer; partial blocks of a write are read-modify-written under a striped
 // lock so two concurrent RMWs of one block can't lose each other's bytes.
 // A filesystem that refuses O_DIRECT (e.g. tmpfs) fails OpenFile with
@@ -79,6 +80,8 @@ class PosixStorage final : public Storage {
   const std::string& name() const override { return path_; }
 
   bool direct() const { return direct_; }
+  // The alignment of direct transfers (when direct()).
+  uint32_t block_size() const { return block_size_; }
   // Whether RewriteAt can send aligned runs around the page cache.
   bool rewrites_direct() const { return rewrite_fd_ >= 0 && rewrite_ok_.load(); }
 
