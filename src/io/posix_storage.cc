@@ -13,8 +13,6 @@
 #include <cstring>
 #include <limits>
 #include <string>
-#include <tuple>
-#include <utility>
 
 namespace thindisk::io {
 namespace {
@@ -66,29 +64,18 @@ uint32_t DirectIoAlign(int fd) {
   return align;
 }
 
-// A second descriptor of the file open as `fd`, with O_DIRECT, and the
-// alignment its transfers need; {-1, 0} where the kernel cannot say the
-// alignment (before Linux 6.1), the filesystem refuses O_DIRECT or /proc is
-// not mounted.
-std::pair<int, uint32_t> OpenRewriteFd(int fd) {
-  const uint32_t align = DirectIoAlign(fd);
-  if (align == 0) return {-1, 0};
+// A second descriptor of the file open as `fd`, with O_DIRECT; -1 where
+// the filesystem refuses O_DIRECT or /proc is not mounted.
+int ReopenDirect(int fd) {
   const std::string self = "/proc/self/fd/" + std::to_string(fd);
-  const int rewrite_fd = open(self.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
-  if (rewrite_fd < 0) return {-1, 0};
-  return {rewrite_fd, align};
+  return open(self.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
 }
 
 }  // namespace
 
 PosixStorage::PosixStorage(int fd, std::string path, const OpenOptions& options,
-                           bool direct, uint32_t block_size, bool is_block_device)
-    : PosixStorage(fd, std::move(path), options, direct, block_size, is_block_device, -1,
-                   0) {}
-
-PosixStorage::PosixStorage(int fd, std::string path, const OpenOptions& options,
                            bool direct, uint32_t block_size, bool is_block_device,
-                           int rewrite_fd, uint32_t rewrite_align)
+                           int rewrite_fd)
     : fd_(fd),
       path_(std::move(path)),
       read_only_(options.read_only),
@@ -96,8 +83,7 @@ PosixStorage::PosixStorage(int fd, std::string path, const OpenOptions& options,
       direct_(direct),
       block_size_(block_size),
       is_block_device_(is_block_device),
-      rewrite_fd_(rewrite_fd),
-      rewrite_align_(rewrite_align) {}
+      rewrite_fd_(rewrite_fd) {}
 
 PosixStorage::~PosixStorage() {
   close(fd_);
@@ -162,7 +148,7 @@ Status PosixStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
 }
 
 Status PosixStorage::RewriteAt(uint64_t offset, std::span<const uint8_t> buf) {
-  const uint64_t align = rewrite_align_;
+  const uint64_t align = block_size_;
   if (!rewrites_direct() || buf.empty() || buf.size() > kBounceBytes ||
       offset % align != 0 || buf.size() % align != 0) {
     return WriteAt(offset, buf);
@@ -172,25 +158,19 @@ Status PosixStorage::RewriteAt(uint64_t offset, std::span<const uint8_t> buf) {
   AlignedBuffer bounce = AllocAligned(kDefaultDirectBlock, buf.size());
   if (!bounce) return WriteAt(offset, buf);
   std::memcpy(bounce.get(), buf.data(), buf.size());
-  size_t done = 0;
-  while (done < buf.size()) {
-    ssize_t n = pwrite(rewrite_fd_, bounce.get() + done, buf.size() - done,
-                       static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EINVAL && done == 0) {
-      // Refused as misaligned after all: nothing was written.
-      rewrite_ok_ = false;
-      return WriteAt(offset, buf);
-    }
-    if (n < 0) return Error(errno, "pwrite (O_DIRECT)");
-    if (n == 0 || n % align != 0) {
-      // A short direct write: the rest through the page cache.
-      done += static_cast<size_t>(n);
-      TD_RETURN_IF_ERROR(PwriteFull(offset + done, buf.subspan(done)));
-      break;
-    }
-    done += static_cast<size_t>(n);
+  ssize_t n;
+  do {
+    n = pwrite(rewrite_fd_, bounce.get(), buf.size(), static_cast<off_t>(offset));
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && errno == EINVAL) {
+    // Refused as misaligned after all: nothing was written.
+    rewrite_ok_ = false;
+    return WriteAt(offset, buf);
   }
+  if (n < 0) return Error(errno, "pwrite (O_DIRECT)");
+  // A short direct write: the rest through the page cache.
+  const size_t done = static_cast<size_t>(n);
+  if (done < buf.size()) TD_RETURN_IF_ERROR(PwriteFull(offset + done, buf.subspan(done)));
   bytes_written_ += buf.size();
   return Status::Ok();
 }
@@ -504,13 +484,17 @@ Result<std::unique_ptr<Storage>> OpenFile(const std::string& path, const OpenOpt
       block_size = align;
     }
   }
-  auto [rewrite_fd, rewrite_align] = std::pair<int, uint32_t>{-1, 0};
+  int rewrite_fd = -1;
   if (!options.read_only && options.cache == CacheMode::kWriteback &&
       (S_ISREG(st.st_mode) || is_block_device)) {
-    std::tie(rewrite_fd, rewrite_align) = OpenRewriteFd(fd);
+    // RewriteAt's descriptor, where the kernel says the alignment it needs.
+    if (const uint32_t align = DirectIoAlign(fd); align != 0) {
+      rewrite_fd = ReopenDirect(fd);
+      if (rewrite_fd >= 0) block_size = align;
+    }
   }
   return std::unique_ptr<Storage>(std::make_unique<PosixStorage>(
-      fd, path, options, direct, block_size, is_block_device, rewrite_fd, rewrite_align));
+      fd, path, options, direct, block_size, is_block_device, rewrite_fd));
 }
 
 }  // namespace thindisk::io

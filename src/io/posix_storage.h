@@ -49,16 +49,12 @@ namespace thindisk::io {
 
 class PosixStorage final : public Storage {
  public:
-  // Takes ownership of `fd`. `direct` means fd has O_DIRECT and transfers
-  // must be aligned to `block_size` (a power of two).
+  // Takes ownership of `fd` and `rewrite_fd`. `direct` means fd has
+  // O_DIRECT; `rewrite_fd`, if not -1, is a second descriptor of the same
+  // file opened O_DIRECT, for RewriteAt. Direct transfers, on either, must
+  // be aligned to `block_size` (a power of two).
   PosixStorage(int fd, std::string path, const OpenOptions& options, bool direct,
-               uint32_t block_size, bool is_block_device);
-  // With a second descriptor of the same file opened O_DIRECT, whose
-  // transfers must be aligned to `rewrite_align` (ownership taken), for
-  // RewriteAt.
-  PosixStorage(int fd, std::string path, const OpenOptions& options, bool direct,
-               uint32_t block_size, bool is_block_device, int rewrite_fd,
-               uint32_t rewrite_align);
+               uint32_t block_size, bool is_block_device, int rewrite_fd = -1);
   ~PosixStorage() override;
   PosixStorage(const PosixStorage&) = delete;
   PosixStorage& operator=(const PosixStorage&) = delete;
@@ -80,7 +76,7 @@ class PosixStorage final : public Storage {
   const std::string& name() const override { return path_; }
 
   bool direct() const { return direct_; }
-  // The alignment of direct transfers (when direct()).
+  // The alignment of direct transfers (when direct() or rewrites_direct()).
   uint32_t block_size() const { return block_size_; }
   // Whether RewriteAt can send aligned runs around the page cache.
   bool rewrites_direct() const { return rewrite_fd_ >= 0 && rewrite_ok_.load(); }
@@ -111,8 +107,7 @@ class PosixStorage final : public Storage {
   const bool is_block_device_;
   // The O_DIRECT descriptor for RewriteAt, -1 for none; rewrite_ok_ turns
   // false for good if the kernel refuses a direct write as misaligned.
-  const int rewrite_fd_ = -1;
-  const uint32_t rewrite_align_ = 0;
+  const int rewrite_fd_;
   std::atomic<bool> rewrite_ok_{true};
   std::atomic<uint64_t> bytes_written_{0};
   // Serializes RMWs that touch the same block (block index % kStripes).
