@@ -94,7 +94,7 @@ if [[ ${THINDISK_SKIP_TSAN:-0} != 1 ]]; then
   done
   # Only the threaded cases of these (the rest is single-threaded and slow).
   "$TSAN_BIN/src/qcow2/qcow2_engine_test" --gtest_brief=1 \
-    --gtest_filter='*Concurrency*:*FlushOrdering*:RangeLock*:*FaultIsolation*' || tsan_ok=0
+    --gtest_filter='*Concurrency*:*FlushOrdering*:RangeLock*:*FaultIsolation*:TableWrite*' || tsan_ok=0
   "$TSAN_BIN/src/util/compress_test" --gtest_brief=1 --gtest_filter='*Concurrent*' || tsan_ok=0
   # Writers marking bitmaps at once (group-committed marks), live clears beside them.
   "$TSAN_BIN/src/qcow2/qcow2_bitmaps_test" --gtest_brief=1 --gtest_filter='BitmapConcurrency*' ||

@@ -14,9 +14,12 @@ Status ImageImpl::WriteHeaderLocked() {
   return storage_->WriteAt(0, bytes);
 }
 
-Status ImageImpl::FlushMetadataLocked(bool* sync_owed) {
+Status ImageImpl::FlushMetadataLocked(OwedTail* owed) {
   if (read_only_) return Status::Ok();
   if (in_metadata_flush_) return Status::Ok();  // re-entered through a cache eviction
+  // Waits for the tables a FlushAll is writing without mu_, if any: what
+  // this flush writes and syncs comes after them.
+  std::unique_lock order(table_write_mu_);
   in_metadata_flush_ = true;
   struct Reset {
     bool* flag;
@@ -55,13 +58,16 @@ Status ImageImpl::FlushMetadataLocked(bool* sync_owed) {
     if (!synced && l2_cache_->changes() != l2_changes_synced_) {
       TD_RETURN_IF_ERROR(storage_->Flush());
     }
-    TD_RETURN_IF_ERROR(l2_cache_->WriteDirty());
-    if (sync_owed && !l1_moved_ && l1_dirty_.empty() && !header_dirty_) {
-      // Nothing is ordered after this sync but the flush's end and its
-      // frees: the caller makes it without the lock.
-      *sync_owed = true;
+    if (owed && !l1_moved_ && l1_dirty_.empty() && !header_dirty_) {
+      // Nothing is ordered after these writes and their sync but the
+      // flush's end and its frees: the caller makes them without the lock,
+      // holding table_write_mu_ until the writes are made.
+      owed->tables = l2_cache_->Take();
+      owed->order = std::move(order);
+      owed->sync = true;
       return Status::Ok();
     }
+    TD_RETURN_IF_ERROR(l2_cache_->WriteDirty());
     TD_RETURN_IF_ERROR(storage_->Flush());
     synced = true;
   }
@@ -110,8 +116,8 @@ Status ImageImpl::FlushMetadataLocked(bool* sync_owed) {
     if (resized_bitmaps_) ApplyResizedBitmapsLocked();
   }
   // Nothing dirty: the flush is one fdatasync.
-  if (!synced && sync_owed) {
-    *sync_owed = true;
+  if (!synced && owed) {
+    owed->sync = true;
   } else if (!synced) {
     TD_RETURN_IF_ERROR(storage_->Flush());
   }
@@ -125,7 +131,7 @@ bool ImageImpl::MetadataDirtyLocked() const {
 
 Status ImageImpl::FlushAll() {
   std::vector<Allocator::Range> frees;
-  bool sync_owed = false;
+  OwedTail owed;
   bool clean = false;
   bool sync_first = false;
   uint64_t l2_changes = 0;
@@ -154,16 +160,31 @@ Status ImageImpl::FlushAll() {
     // removed: a kill then left an L2 entry naming a free cluster.)
     if (!clean || !sync_first || MetadataDirtyLocked()) {
       if (sync_first) l2_changes_synced_ = l2_changes;
-      TD_RETURN_IF_ERROR(FlushMetadataLocked(&sync_owed));
+      TD_RETURN_IF_ERROR(FlushMetadataLocked(&owed));
     }
     frees = allocator_->TakeDeferredFrees();
   }
-  // The last sync, when nothing but the frees comes after it, is made
-  // without the lock too: the L2 sectors it must make durable are written
-  // (to the page cache, or the disk with --cache=none), and a table that
-  // leaves the cache meanwhile is read back as written. Requests and a
-  // cache eviction's own ordered flush go on beside it.
-  if (sync_owed) TD_RETURN_IF_ERROR(storage_->Flush());
+  // Stage 3's writes and the last sync, when nothing but the frees comes
+  // after them, are made without the lock too: requests go on beside them,
+  // even when a write goes to the disk (RewriteAt, --cache=none). The
+  // taken tables stay in the cache, pinned, until their copies are
+  // written; a metadata flush (a cache eviction's) waits for the writes
+  // on table_write_mu_, not for the sync.
+  if (!owed.tables.empty()) {
+    Status st = l2_cache_->Write(owed.tables);
+    owed.order.unlock();
+    if (!st.ok()) {
+      // Nothing was marked written: the next flush writes the tables
+      // again, and frees the clusters after them.
+      std::lock_guard lock(mu_);
+      l2_cache_->Restore(owed.tables);
+      for (const Allocator::Range& r : frees) allocator_->DeferFree(r.offset, r.n);
+      return st;
+    }
+  }
+  if (owed.order.owns_lock()) owed.order.unlock();
+  owed.tables = {};  // unpins
+  if (owed.sync) TD_RETURN_IF_ERROR(storage_->Flush());
   if (frees.empty()) return Status::Ok();
   // Stage 5. Rule: a refcount is lowered only after nothing points at the
   // cluster — nothing on disk (stages 3-4 above) and no reader in flight:

@@ -309,9 +309,18 @@ class ImageImpl final : public Image {
   Result<BitVector> ReadBitmapBitsLocked(const BitmapDirectoryEntry& e);
 
   // ---- flush (image_flush.cc) ----
-  // Stages 1-4; REQUIRES mu_. With `sync_owed`, a last sync that nothing
-  // else follows is left to the caller (who makes it without mu_): set then.
-  Status FlushMetadataLocked(bool* sync_owed = nullptr);
+  // What FlushAll finishes without mu_ when nothing else is ordered after
+  // stage 3's L2 tables: their writes (copies taken under mu_, the tables
+  // marked clean), then the last sync.
+  struct OwedTail {
+    bool sync = false;
+    TableCache::Taken tables;
+    // table_write_mu_, held until the tables are written.
+    std::unique_lock<std::mutex> order;
+  };
+  // Stages 1-4; REQUIRES mu_. With `owed`, stage 3's writes and the last
+  // sync, when nothing else follows them, are left to the caller.
+  Status FlushMetadataLocked(OwedTail* owed = nullptr);
   bool MetadataDirtyLocked() const;  // anything for stages 1-4 to write; REQUIRES mu_
   Status WriteHeaderLocked();    // encodes header_ at offset 0; REQUIRES mu_
   Status FlushAll();             // stages 1-5; REQUIRES flush_mu_
@@ -343,6 +352,11 @@ class ImageImpl final : public Image {
   RangeLock range_lock_;
 
   std::mutex mu_;
+  // Orders writes of L2 tables: held by every metadata flush (taken under
+  // mu_) and by FlushAll from stage 3 until its taken tables are written
+  // without mu_, so no flush writes a table, or syncs what it wrote, while
+  // an older copy of it is still on its way (docs/engine.md).
+  std::mutex table_write_mu_;
   Header header_;                  // guarded by mu_: the header as on disk
   bool header_dirty_ = false;      // guarded by mu_: size or features changed
   std::vector<uint64_t> l1_;       // guarded by mu_

@@ -172,55 +172,79 @@ void TableCache::DropCluster(uint64_t offset) {
 
 Status TableCache::WriteDirty() {
   if (dirty_count_ == 0) return Status::Ok();
+  const Taken taken = Take();
+  Status s = Write(taken);
+  if (!s.ok()) Restore(taken);
+  return s;
+}
+
+TableCache::Taken TableCache::Take() {
+  Taken taken;
+  if (dirty_count_ == 0) return taken;
   // Write in offset order: sequential for the host.
   std::vector<Table*> dirty;
   for (auto& [off, e] : map_) {
-    if (e.table->dirty) dirty.push_back(e.table.get());
+    if (e.table->dirty) {
+      dirty.push_back(e.table.get());
+      taken.pins.push_back({e.table, e.table->fresh});
+    }
   }
   std::sort(dirty.begin(), dirty.end(),
             [](const Table* a, const Table* b) { return a->offset < b->offset; });
   std::vector<Piece> pieces;
   for (const Table* t : dirty) AddPieces(*t, &pieces);
   // Pieces that meet (the slices of a new table, above all) go in one write.
-  struct Write {
-    size_t first, last;  // pieces[first, last)
-    uint64_t end;
-    bool fresh;
-  };
-  std::vector<Write> writes;
   for (size_t i = 0; i < pieces.size();) {
-    Write w{i, i + 1, pieces[i].offset + pieces[i].bytes.size(), pieces[i].fresh};
-    for (; w.last < pieces.size() && pieces[w.last].offset == w.end &&
-           w.end + pieces[w.last].bytes.size() - pieces[i].offset <= kMaxJoin;
-         ++w.last) {
-      w.end += pieces[w.last].bytes.size();
-      w.fresh = w.fresh || pieces[w.last].fresh;
+    Taken::Write w{pieces[i].offset, {}, pieces[i].fresh};
+    uint64_t end = pieces[i].offset + pieces[i].bytes.size();
+    size_t last = i + 1;
+    for (; last < pieces.size() && pieces[last].offset == end &&
+           end + pieces[last].bytes.size() - pieces[i].offset <= kMaxJoin;
+         ++last) {
+      end += pieces[last].bytes.size();
+      w.fresh = w.fresh || pieces[last].fresh;
     }
-    writes.push_back(w);
-    i = w.last;
+    w.bytes.reserve(end - w.offset);
+    for (size_t k = i; k < last; ++k)
+      w.bytes.insert(w.bytes.end(), pieces[k].bytes.begin(), pieces[k].bytes.end());
+    taken.writes.push_back(std::move(w));
+    i = last;
   }
-  const bool rewrite = writes.size() <= kMaxRewrites;
-  for (const Write& w : writes) {
-    std::span<const uint8_t> bytes = pieces[w.first].bytes;
-    std::vector<uint8_t> joined;
-    if (w.last > w.first + 1) {
-      joined.reserve(w.end - pieces[w.first].offset);
-      for (size_t k = w.first; k < w.last; ++k)
-        joined.insert(joined.end(), pieces[k].bytes.begin(), pieces[k].bytes.end());
-      bytes = joined;
-    }
-    const uint64_t offset = pieces[w.first].offset;
-    storage_.Announce(w.fresh ? fresh_event_ : update_event_);
-    TD_RETURN_IF_ERROR(rewrite && !w.fresh ? storage_.RewriteAt(offset, bytes)
-                                           : storage_.WriteAt(offset, bytes));
-  }
+  taken.rewrite = taken.writes.size() <= kMaxRewrites;
   for (Table* t : dirty) {
     t->dirty = false;
     t->fresh = false;
     t->dirty_sectors.clear();
     --dirty_count_;
   }
+  return taken;
+}
+
+Status TableCache::Write(const Taken& taken) const {
+  for (const Taken::Write& w : taken.writes) {
+    storage_.Announce(w.fresh ? fresh_event_ : update_event_);
+    TD_RETURN_IF_ERROR(taken.rewrite && !w.fresh ? storage_.RewriteAt(w.offset, w.bytes)
+                                                 : storage_.WriteAt(w.offset, w.bytes));
+  }
   return Status::Ok();
+}
+
+void TableCache::Restore(const Taken& taken) {
+  for (const Taken::Pin& pin : taken.pins) {
+    Table& t = *pin.table;
+    auto it = map_.find(t.offset);
+    if (it == map_.end() || it->second.table != pin.table) continue;  // dropped
+    if (pin.fresh) {
+      t.fresh = true;
+      MarkDirty(t);
+      continue;
+    }
+    for (const Taken::Write& w : taken.writes) {
+      const uint64_t from = std::max(w.offset, t.offset);
+      const uint64_t to = std::min(w.offset + w.bytes.size(), t.offset + t.data.size());
+      if (from < to) MarkDirty(t, from - t.offset, to - from);
+    }
+  }
 }
 
 }  // namespace thindisk::qcow2

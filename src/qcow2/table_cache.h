@@ -93,7 +93,37 @@ class TableCache {
   // Writes every dirty table (no sync) and marks them clean. When that
   // takes at most kMaxRewrites writes, those of tables already on disk go
   // through io::Storage::RewriteAt (a file writes just those sectors).
+  // Take, Write and (when Write fails) Restore, in one go.
   Status WriteDirty();
+
+  // What a write of the dirty tables takes: copies of their changed bytes,
+  // and the tables themselves, pinned (so none leaves the cache and is read
+  // back from storage before the copies are written).
+  struct Taken {
+    struct Write {
+      uint64_t offset;
+      std::vector<uint8_t> bytes;
+      bool fresh;  // holds the first write of a table made by New()
+    };
+    std::vector<Write> writes;
+    bool rewrite = false;  // few enough writes for RewriteAt
+    struct Pin {
+      std::shared_ptr<Table> table;
+      bool fresh;
+    };
+    std::vector<Pin> pins;
+    bool empty() const { return writes.empty(); }
+  };
+  // Copies what WriteDirty would write and marks the tables clean.
+  Taken Take();
+  // Writes what Take copied. It reads no state of the cache, so the owner
+  // may call it without its lock; it must order it against every other
+  // write of the same tables itself (no later Take's writes may start
+  // before these end).
+  Status Write(const Taken& taken) const;
+  // After a failed Write: marks the taken tables dirty again (fresh ones
+  // whole), so the next flush writes them. Tables dropped since are left.
+  void Restore(const Taken& taken);
   bool HasDirty() const { return dirty_count_ > 0; }
   // How many times a table has been changed (MarkDirty, New) since the cache
   // was made: an owner that compares two readings knows whether anything
