@@ -15,6 +15,7 @@ namespace thindisk::qcow2 {
 namespace {
 
 using testing::CreateMem;
+using testing::FirstL2Table;
 using testing::MemImage;
 using testing::Pattern;
 using testing::Reopen;
@@ -182,13 +183,6 @@ Status ReadsAsWritten(Image& image, const std::vector<uint8_t>& data, uint64_t o
     s = Status::Internal("read other bytes than were written");
   }
   return s;
-}
-
-// The host offset of the first L2 table, as the L1 table on disk says.
-uint64_t FirstL2Table(Image& image) {
-  uint8_t raw[8];
-  EXPECT_TRUE(image.storage().ReadAt(image.header().l1_table_offset, raw).ok());
-  return L1Offset(LoadBe64(raw));
 }
 
 TEST(FlushOrderingTest, DataThenRefcountsThenL2ThenL1) {

@@ -18,6 +18,7 @@
 namespace thindisk::qcow2 {
 namespace {
 
+using testing::FirstL2Table;
 using testing::Pattern;
 
 // Holds the first write into [off, off + len) after Arm() until Release():
@@ -94,11 +95,19 @@ Held OpenHeld(uint64_t size, bool ext) {
   return h;
 }
 
-// The host offset of the first L2 table, as the L1 table on disk says.
-uint64_t FirstL2Table(Image& image) {
-  uint8_t raw[8];
-  EXPECT_TRUE(image.storage().ReadAt(image.header().l1_table_offset, raw).ok());
-  return L1Offset(LoadBe64(raw));
+// Starts a flush whose first write into `len` bytes of the first L2 table
+// is held; the future is invalid when no such write came.
+std::future<Status> HeldFlush(Held& h, uint64_t len) {
+  const uint64_t l2 = FirstL2Table(*h.image);
+  if (l2 == 0) return {};
+  h.held->Arm(l2, len);
+  auto flush = std::async(std::launch::async, [&h] { return h.image->Flush(); });
+  if (!h.held->WaitHeld()) {
+    h.held->Release();
+    flush.wait();
+    return {};
+  }
+  return flush;
 }
 
 // Reads 4 KiB at each offset of a reopened copy of `mem` and checks it
@@ -127,12 +136,8 @@ TEST(TableWriteTest, RequestsGoOnWhileAFlushWritesItsL2Sector) {
     ASSERT_TRUE(image.Write(0, data).ok());
     ASSERT_TRUE(image.Flush().ok());  // the L2 table is on disk
     ASSERT_TRUE(image.Write(8 << 20, Pattern(2, 4096)).ok());
-    const uint64_t l2 = FirstL2Table(image);
-    ASSERT_NE(l2, 0u);
-
-    h.held->Arm(l2, 65536);
-    auto flush = std::async(std::launch::async, [&] { return image.Flush(); });
-    ASSERT_TRUE(h.held->WaitHeld()) << "the flush wrote no L2 sector";
+    auto flush = HeldFlush(h, 65536);
+    ASSERT_TRUE(flush.valid()) << "the flush wrote no L2 sector";
     auto requests = std::async(std::launch::async, [&] {
       std::vector<uint8_t> got(8192);
       Status s = image.Read(1 << 20, got);
@@ -178,12 +183,9 @@ TEST(TableWriteTest, AnEvictionFlushWritesTheSameSectorOnlyAfterTheOlderCopy) {
     ASSERT_TRUE(image.Write(0, Pattern(1, 4096)).ok());
     ASSERT_TRUE(image.Flush().ok());  // the L2 table is on disk
     ASSERT_TRUE(image.Write(1 << 20, Pattern(2, 4096)).ok());
-    const uint64_t l2 = FirstL2Table(image);
-    ASSERT_NE(l2, 0u);
-
-    h.held->Arm(l2, 512);  // the sector that maps the first 4 MiB (2 MiB extended)
-    auto flush = std::async(std::launch::async, [&] { return image.Flush(); });
-    ASSERT_TRUE(h.held->WaitHeld()) << "the flush wrote no L2 sector";
+    // The sector that maps the first 4 MiB (2 MiB extended).
+    auto flush = HeldFlush(h, 512);
+    ASSERT_TRUE(flush.valid()) << "the flush wrote no L2 sector";
     auto requests = std::async(std::launch::async, [&] {
       // The same sector, changed again; then enough new slices to evict.
       Status s = image.Write(1536 << 10, Pattern(3, 4096));
@@ -224,12 +226,8 @@ TEST(TableWriteTest, TablesOnTheirWayStayInTheCache) {
     }
     ASSERT_TRUE(image.Flush().ok());  // every slice on disk, all clean
     ASSERT_TRUE(image.Write(1 << 20, Pattern(2, 4096)).ok());
-    const uint64_t l2 = FirstL2Table(image);
-    ASSERT_NE(l2, 0u);
-
-    h.held->Arm(l2, 65536);
-    auto flush = std::async(std::launch::async, [&] { return image.Flush(); });
-    ASSERT_TRUE(h.held->WaitHeld()) << "the flush wrote no L2 sector";
+    auto flush = HeldFlush(h, 65536);
+    ASSERT_TRUE(flush.valid()) << "the flush wrote no L2 sector";
     // Reads of every other slice cycle the cache (every victim is clean:
     // no flush is needed to make room), then the mapping on its way.
     auto requests = std::async(std::launch::async, [&] {

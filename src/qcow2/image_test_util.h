@@ -2,6 +2,8 @@
 // the expected guest content, a fake backing device, deterministic data.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -9,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include "io/faulty_storage.h"
 #include "io/memory_storage.h"
 #include "qcow2/image.h"
+#include "qcow2/table_entry.h"
+#include "util/endian.h"
 
 namespace thindisk::qcow2::testing {
 
@@ -26,6 +28,13 @@ inline std::vector<uint8_t> Pattern(uint64_t seed, size_t n) {
     std::memcpy(&v[i], &x, std::min<size_t>(8, n - i));
   }
   return v;
+}
+
+// The host offset of the first L2 table, as the L1 table on disk says.
+inline uint64_t FirstL2Table(Image& image) {
+  uint8_t raw[8];
+  EXPECT_TRUE(image.storage().ReadAt(image.header().l1_table_offset, raw).ok());
+  return L1Offset(LoadBe64(raw));
 }
 
 // A freshly created image on MemoryStorage. `storage` stays valid while the
