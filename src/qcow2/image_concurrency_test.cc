@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <future>
 #include <thread>
 
@@ -241,41 +240,32 @@ class HeldSyncStorage : public io::ForwardingStorage {
     return inner().WriteAt(o, b);
   }
   Status Flush() override {
-    std::unique_lock l(mu_);
-    if (armed_ && (after_len_ == 0 || written_)) {
-      ++waiting_;
-      changed_.notify_all();
-      changed_.wait(l, [&] { return !armed_; });
+    bool hold;
+    {
+      std::lock_guard l(mu_);
+      hold = after_len_ == 0 || written_;
     }
+    if (hold) gate_.Pass();
     return inner().Flush();
   }
-  void Arm() {
-    std::lock_guard l(mu_);
-    armed_ = true;
-  }
+  // Every sync is held.
+  void Arm() { ArmAfterWrite(0, 0); }
+  // Every sync after a write into [off, off + len) is held.
   void ArmAfterWrite(uint64_t off, uint64_t len) {
-    std::lock_guard l(mu_);
-    armed_ = true;
-    after_off_ = off;
-    after_len_ = len;
-    written_ = false;
+    {
+      std::lock_guard l(mu_);
+      after_off_ = off;
+      after_len_ = len;
+      written_ = false;
+    }
+    gate_.Arm(/*all=*/true);
   }
-  // Waits (at most 10 s) until a sync is held.
-  bool WaitHeld() {
-    std::unique_lock l(mu_);
-    return changed_.wait_for(l, std::chrono::seconds(10), [&] { return waiting_ > 0; });
-  }
-  void Release() {
-    std::lock_guard l(mu_);
-    armed_ = false;
-    changed_.notify_all();
-  }
+  bool WaitHeld() { return gate_.WaitHeld(); }
+  void Release() { gate_.Release(); }
 
  private:
+  testing::Gate gate_;
   std::mutex mu_;
-  std::condition_variable changed_;
-  bool armed_ = false;
-  int waiting_ = 0;
   uint64_t after_off_ = 0;
   uint64_t after_len_ = 0;
   bool written_ = false;

@@ -4,7 +4,6 @@
 // load; a load overtaken by a copy of the table loaded under the lock is
 // thrown away. And a read plan never loads a table.
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <future>
 
@@ -29,44 +28,34 @@ class HeldReadStorage : public io::ForwardingStorage {
     // The bytes are read first: a held read returns what was there when it
     // began, as a slow disk may.
     Status s = inner().ReadAt(o, b);
-    std::unique_lock l(mu_);
-    if (o <= offset_ && offset_ < o + b.size()) {
-      ++reads_;
-      if (armed_) {
-        armed_ = false;
-        held_ = true;
-        changed_.notify_all();
-        changed_.wait(l, [&] { return !held_; });
-      }
+    bool covers;
+    {
+      std::lock_guard l(mu_);
+      covers = o <= offset_ && offset_ < o + b.size();
+      if (covers) ++reads_;
     }
+    if (covers) gate_.Pass();
     return s;
   }
   void Arm(uint64_t offset) {
-    std::lock_guard l(mu_);
-    offset_ = offset;
-    armed_ = true;
-    reads_ = 0;
+    {
+      std::lock_guard l(mu_);
+      offset_ = offset;
+      reads_ = 0;
+    }
+    gate_.Arm();
   }
-  bool WaitHeld() {
-    std::unique_lock l(mu_);
-    return changed_.wait_for(l, std::chrono::seconds(10), [&] { return held_; });
-  }
-  void Release() {
-    std::lock_guard l(mu_);
-    held_ = false;
-    changed_.notify_all();
-  }
+  bool WaitHeld() { return gate_.WaitHeld(); }
+  void Release() { gate_.Release(); }
   int reads() {
     std::lock_guard l(mu_);
     return reads_;
   }
 
  private:
+  testing::Gate gate_;
   std::mutex mu_;
-  std::condition_variable changed_;
   uint64_t offset_ = ~uint64_t{0};
-  bool armed_ = false;
-  bool held_ = false;
   int reads_ = 0;
 };
 

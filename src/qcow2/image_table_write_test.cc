@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <future>
 #include <mutex>
 
@@ -22,51 +21,43 @@ using testing::FirstL2Table;
 using testing::Pattern;
 
 // Holds the first write into [off, off + len) after Arm() until Release():
-// a write on its way to a slow disk.
+// a write on its way to a slow disk. After FailNext() the next write there
+// fails instead (EIO).
 class HeldWriteStorage : public io::ForwardingStorage {
  public:
   explicit HeldWriteStorage(std::unique_ptr<io::Storage> inner)
       : ForwardingStorage(std::move(inner)) {}
   Status WriteAt(uint64_t o, std::span<const uint8_t> b) override {
+    bool hits, fail = false;
     {
-      std::unique_lock l(mu_);
-      if (armed_ && o < off_ + len_ && off_ < o + b.size()) {
-        armed_ = false;
-        if (fail_) return Status::FromErrno(EIO, "held write");
-        held_ = true;
-        changed_.notify_all();
-        changed_.wait(l, [&] { return !held_; });
-      }
+      std::lock_guard l(mu_);
+      hits = o < off_ + len_ && off_ < o + b.size();
+      if (hits) std::swap(fail, fail_next_);
     }
+    if (fail) return Status::FromErrno(EIO, "held write");
+    if (hits) gate_.Pass();
     return inner().WriteAt(o, b);
   }
-  // `fail`: the write fails instead (EIO), at once.
-  void Arm(uint64_t off, uint64_t len, bool fail = false) {
-    std::lock_guard l(mu_);
-    armed_ = true;
-    fail_ = fail;
-    off_ = off;
-    len_ = len;
+  void Arm(uint64_t off, uint64_t len) {
+    SetRange(off, len, false);
+    gate_.Arm();
   }
-  // Waits (at most 10 s) until a write is held.
-  bool WaitHeld() {
-    std::unique_lock l(mu_);
-    return changed_.wait_for(l, std::chrono::seconds(10), [&] { return held_; });
-  }
-  void Release() {
-    std::lock_guard l(mu_);
-    held_ = false;
-    changed_.notify_all();
-  }
+  void FailNext(uint64_t off, uint64_t len) { SetRange(off, len, true); }
+  bool WaitHeld() { return gate_.WaitHeld(); }
+  void Release() { gate_.Release(); }
 
  private:
+  void SetRange(uint64_t off, uint64_t len, bool fail) {
+    std::lock_guard l(mu_);
+    off_ = off;
+    len_ = len;
+    fail_next_ = fail;
+  }
+  testing::Gate gate_;
   std::mutex mu_;
-  std::condition_variable changed_;
-  bool armed_ = false;
-  bool fail_ = false;
-  bool held_ = false;
   uint64_t off_ = 0;
   uint64_t len_ = 0;
+  bool fail_next_ = false;
 };
 
 struct Held {
@@ -270,7 +261,7 @@ TEST(TableWriteTest, AFailedTableWriteIsMadeByTheNextFlush) {
     const uint64_t l2 = FirstL2Table(image);
     ASSERT_NE(l2, 0u);
 
-    h.held->Arm(l2, 65536, /*fail=*/true);
+    h.held->FailNext(l2, 65536);
     EXPECT_FALSE(image.Flush().ok()) << "ext=" << ext;
     ASSERT_TRUE(image.Flush().ok());
     ExpectOnDisk(*h.mem, {{1 << 20, 2}}, "after the second flush");

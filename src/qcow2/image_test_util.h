@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -29,6 +31,49 @@ inline std::vector<uint8_t> Pattern(uint64_t seed, size_t n) {
   }
   return v;
 }
+
+// Holds storage calls on their way to a slow disk, for tests of what goes on
+// meanwhile. A test arms the gate; a storage wrapper passes each call that
+// matches through Pass(), which holds it (the first one after Arm, or every
+// one with `all`) until the test's Release().
+class Gate {
+ public:
+  void Arm(bool all = false) {
+    std::lock_guard l(mu_);
+    armed_ = true;
+    all_ = all;
+    held_ = 0;
+  }
+  void Pass() {
+    std::unique_lock l(mu_);
+    if (!armed_) return;
+    if (!all_) armed_ = false;
+    ++held_;
+    const uint64_t round = round_;
+    changed_.notify_all();
+    changed_.wait(l, [&] { return round_ != round; });
+  }
+  // Waits (at most 10 s) until a call is held.
+  bool WaitHeld() {
+    std::unique_lock l(mu_);
+    return changed_.wait_for(l, std::chrono::seconds(10), [&] { return held_ > 0; });
+  }
+  // Lets every held call go on, and disarms.
+  void Release() {
+    std::lock_guard l(mu_);
+    armed_ = false;
+    ++round_;
+    changed_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool armed_ = false;
+  bool all_ = false;
+  int held_ = 0;
+  uint64_t round_ = 0;
+};
 
 // The host offset of the first L2 table, as the L1 table on disk says.
 inline uint64_t FirstL2Table(Image& image) {
