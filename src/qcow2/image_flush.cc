@@ -170,19 +170,16 @@ Status ImageImpl::FlushAll() {
   // taken tables stay in the cache, pinned, until their copies are
   // written; a metadata flush (a cache eviction's) waits for the writes
   // on table_write_mu_, not for the sync.
-  if (!owed.tables.empty()) {
-    Status st = l2_cache_->Write(owed.tables);
-    owed.order.unlock();
-    if (!st.ok()) {
-      // Nothing was marked written: the next flush writes the tables
-      // again, and frees the clusters after them.
-      std::lock_guard lock(mu_);
-      l2_cache_->Restore(owed.tables);
-      for (const Allocator::Range& r : frees) allocator_->DeferFree(r.offset, r.n);
-      return st;
-    }
-  }
+  const Status written = l2_cache_->Write(owed.tables);
   if (owed.order.owns_lock()) owed.order.unlock();
+  if (!written.ok()) {
+    // Nothing was marked written: the next flush writes the tables again,
+    // and frees the clusters after them.
+    std::lock_guard lock(mu_);
+    l2_cache_->Restore(owed.tables);
+    for (const Allocator::Range& r : frees) allocator_->DeferFree(r.offset, r.n);
+    return written;
+  }
   owed.tables = {};  // unpins
   if (owed.sync) TD_RETURN_IF_ERROR(storage_->Flush());
   if (frees.empty()) return Status::Ok();

@@ -181,18 +181,16 @@ Status TableCache::WriteDirty() {
 TableCache::Taken TableCache::Take() {
   Taken taken;
   if (dirty_count_ == 0) return taken;
-  // Write in offset order: sequential for the host.
-  std::vector<Table*> dirty;
   for (auto& [off, e] : map_) {
-    if (e.table->dirty) {
-      dirty.push_back(e.table.get());
-      taken.pins.push_back({e.table, e.table->fresh});
-    }
+    if (e.table->dirty) taken.pins.push_back({e.table, e.table->fresh});
   }
-  std::sort(dirty.begin(), dirty.end(),
-            [](const Table* a, const Table* b) { return a->offset < b->offset; });
+  // Write in offset order: sequential for the host.
+  std::sort(taken.pins.begin(), taken.pins.end(),
+            [](const Taken::Pin& a, const Taken::Pin& b) {
+              return a.table->offset < b.table->offset;
+            });
   std::vector<Piece> pieces;
-  for (const Table* t : dirty) AddPieces(*t, &pieces);
+  for (const Taken::Pin& pin : taken.pins) AddPieces(*pin.table, &pieces);
   // Pieces that meet (the slices of a new table, above all) go in one write.
   for (size_t i = 0; i < pieces.size();) {
     Taken::Write w{pieces[i].offset, {}, pieces[i].fresh};
@@ -211,10 +209,11 @@ TableCache::Taken TableCache::Take() {
     i = last;
   }
   taken.rewrite = taken.writes.size() <= kMaxRewrites;
-  for (Table* t : dirty) {
-    t->dirty = false;
-    t->fresh = false;
-    t->dirty_sectors.clear();
+  for (const Taken::Pin& pin : taken.pins) {
+    Table& t = *pin.table;
+    t.dirty = false;
+    t.fresh = false;
+    t.dirty_sectors.clear();
     --dirty_count_;
   }
   return taken;

@@ -112,7 +112,6 @@ class TableCache {
       bool fresh;
     };
     std::vector<Pin> pins;
-    bool empty() const { return writes.empty(); }
   };
   // Copies what WriteDirty would write and marks the tables clean.
   Taken Take();
