@@ -12,7 +12,7 @@ constexpr uint64_t kSector = 512;
 }  // namespace
 
 void BitmapTracker::Add(Bitmap b) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   State s;
   s.exact = b.bits;
   s.disk = b.bits;
@@ -26,26 +26,26 @@ void BitmapTracker::Add(Bitmap b) {
 }
 
 void BitmapTracker::Remove(const std::string& name) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   std::erase_if(bitmaps_, [&](const State& s) { return s.b.name == name; });
   tracked_ = bitmaps_.size();
 }
 
 void BitmapTracker::Rename(const std::string& from, const std::string& to) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (State& s : bitmaps_) {
     if (s.b.name == from) s.b.name = to;
   }
 }
 
 bool BitmapTracker::Tracks(const std::string& name) const {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   return std::any_of(bitmaps_.begin(), bitmaps_.end(),
                      [&](const State& s) { return s.b.name == name; });
 }
 
 bool BitmapTracker::CopyExact(const std::string& name, BitVector* out) const {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (const State& s : bitmaps_) {
     if (s.b.name == name) {
       *out = s.exact;
@@ -57,7 +57,7 @@ bool BitmapTracker::CopyExact(const std::string& name, BitVector* out) const {
 
 bool BitmapTracker::RunAt(const std::string& name, uint64_t bit, bool* dirty,
                           uint64_t* bits) const {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (const State& s : bitmaps_) {
     if (s.b.name != name) continue;
     *dirty = bit < s.exact.size() && s.exact.Test(bit);
@@ -71,12 +71,12 @@ bool BitmapTracker::RunAt(const std::string& name, uint64_t bit, bool* dirty,
 void BitmapTracker::Done() {
   in_flight_.fetch_sub(1);
   if (tracked_.load() == 0) return;
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (State& s : bitmaps_) ++s.generation;
 }
 
 bool BitmapTracker::Generation(const std::string& name, uint64_t* generation) const {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (const State& s : bitmaps_) {
     if (s.b.name == name) {
       *generation = s.generation;
@@ -87,7 +87,7 @@ bool BitmapTracker::Generation(const std::string& name, uint64_t* generation) co
 }
 
 Status BitmapTracker::ClearExact(const std::string& name, const uint64_t* if_generation) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (State& s : bitmaps_) {
     if (s.b.name != name) continue;
     if (const uint64_t n = in_flight_.load(); n != 0) {
@@ -105,7 +105,7 @@ Status BitmapTracker::ClearExact(const std::string& name, const uint64_t* if_gen
 }
 
 BitVector* BitmapTracker::ExactBits(const std::string& name) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (State& s : bitmaps_) {
     if (s.b.name == name) return &s.exact;
   }
@@ -113,7 +113,7 @@ BitVector* BitmapTracker::ExactBits(const std::string& name) {
 }
 
 const std::vector<uint64_t>* BitmapTracker::DataClusters(const std::string& name) const {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (const State& s : bitmaps_) {
     if (s.b.name == name) return &s.b.data_clusters;
   }
@@ -137,9 +137,10 @@ std::vector<BitmapTracker::RegionRef> BitmapTracker::Missing(uint64_t offset,
 }
 
 bool BitmapTracker::AllDurable(const std::vector<RegionRef>& regions) const {
-  return std::all_of(regions.begin(), regions.end(), [&](const RegionRef& r) {
-    return bitmaps_[r.bitmap].durable.Test(r.region);
-  });
+  return std::all_of(regions.begin(), regions.end(),
+                     [&](const RegionRef& r) TD_REQUIRES(mu_) {
+                       return bitmaps_[r.bitmap].durable.Test(r.region);
+                     });
 }
 
 Status BitmapTracker::Mark(uint64_t offset, uint64_t length) {
@@ -153,7 +154,7 @@ Status BitmapTracker::Mark(uint64_t offset, uint64_t length) {
 
 Status BitmapTracker::MarkCounted(uint64_t offset, uint64_t length) {
   if (length == 0 || tracked_.load() == 0) return Status::Ok();
-  std::unique_lock lock(mu_);
+  util::MutexLock lock(mu_);
   if (bitmaps_.empty()) return Status::Ok();
   for (State& s : bitmaps_) {
     const uint64_t first = offset >> s.b.granularity_bits;
@@ -172,15 +173,15 @@ Status BitmapTracker::MarkCounted(uint64_t offset, uint64_t length) {
       if (!s.durable.Test(r.region)) s.pending.SetRange(r.region, 1);
     }
     if (writing_) {
-      round_done_.wait(lock);
+      round_done_.Wait(mu_);
       continue;
     }
-    TD_RETURN_IF_ERROR(WriteRound(lock));
+    TD_RETURN_IF_ERROR(WriteRound());
   }
   return Status::Ok();
 }
 
-Status BitmapTracker::WriteRound(std::unique_lock<std::mutex>& lock) {
+Status BitmapTracker::WriteRound() {
   // 1. Take every pending region: its bits go into disk, and the sectors
   //    holding them are copied out for writing.
   std::vector<Run> runs;
@@ -203,16 +204,16 @@ Status BitmapTracker::WriteRound(std::unique_lock<std::mutex>& lock) {
   writing_ = true;
   // 2. The writes and one sync, without the lock: other requests keep
   //    marking (their regions wait for the next round) and running.
-  lock.unlock();
+  mu_.Unlock();
   Status st = WriteRuns(runs, io::Event::kBitmapMark);
   if (st.ok()) st = storage_.Flush();
-  lock.lock();
+  mu_.Lock();
   // 3. Only a synced round makes its regions durable.
   writing_ = false;
   if (st.ok()) {
     for (const RegionRef& r : taken) bitmaps_[r.bitmap].durable.SetRange(r.region, 1);
   }
-  round_done_.notify_all();
+  round_done_.NotifyAll();
   return st;
 }
 
@@ -244,7 +245,7 @@ Status BitmapTracker::WriteRuns(const std::vector<Run>& runs, io::Event event) {
 }
 
 Status BitmapTracker::WriteBack() {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   bool wrote = false;
   for (State& s : bitmaps_) {
     // The sectors where exact and disk differ.

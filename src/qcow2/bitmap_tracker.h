@@ -33,15 +33,15 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "io/storage.h"
 #include "util/bit_vector.h"
+#include "util/mutex.h"
 #include "util/result.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::qcow2 {
 
@@ -129,22 +129,22 @@ class BitmapTracker {
 
   // Mark, once the change is counted in flight.
   Status MarkCounted(uint64_t offset, uint64_t length);
-  // The regions of [offset, offset + length) not yet durable. REQUIRES mu_.
-  std::vector<RegionRef> Missing(uint64_t offset, uint64_t length) const;
-  bool AllDurable(const std::vector<RegionRef>& regions) const;  // REQUIRES mu_
+  // The regions of [offset, offset + length) not yet durable.
+  std::vector<RegionRef> Missing(uint64_t offset, uint64_t length) const TD_REQUIRES(mu_);
+  bool AllDurable(const std::vector<RegionRef>& regions) const TD_REQUIRES(mu_);
   // One write round of every pending region: sets their bits in disk,
-  // writes the sectors holding them and syncs. Called with `lock` held;
-  // drops it for the I/O.
-  Status WriteRound(std::unique_lock<std::mutex>& lock);
+  // writes the sectors holding them and syncs. Lets mu_ go for the I/O.
+  Status WriteRound() TD_REQUIRES(mu_);
   // Bytes to write at one host offset.
   struct Run {
     uint64_t host_offset;
     std::vector<uint8_t> bytes;
   };
   // The given 512-byte sectors of a bitmap's data, taken from `bits` and
-  // merged into runs inside each data cluster. REQUIRES mu_.
-  void CollectRuns(const State& s, const BitVector& bits, const std::vector<uint64_t>& sectors,
-                   std::vector<Run>* runs) const;
+  // merged into runs inside each data cluster.
+  void CollectRuns(const State& s, const BitVector& bits,
+                   const std::vector<uint64_t>& sectors, std::vector<Run>* runs) const
+      TD_REQUIRES(mu_);
   // Writes the runs, each announced as `event`. No sync; no lock needed.
   Status WriteRuns(const std::vector<Run>& runs, io::Event event);
 
@@ -152,10 +152,10 @@ class BitmapTracker {
   const uint64_t cs_;
   const uint64_t mark_ahead_;
 
-  mutable std::mutex mu_;
-  std::condition_variable round_done_;
-  std::vector<State> bitmaps_;  // guarded by mu_
-  bool writing_ = false;        // guarded by mu_: a write round is in progress
+  mutable util::Mutex mu_;
+  util::CondVar round_done_;
+  std::vector<State> bitmaps_ TD_GUARDED_BY(mu_);
+  bool writing_ TD_GUARDED_BY(mu_) = false;  // a write round is in progress
   // bitmaps_.size(), readable without mu_: requests on an image that
   // tracks nothing pay no lock.
   std::atomic<size_t> tracked_{0};

@@ -33,17 +33,17 @@ class BitmapEditor {
 
  private:
   Status CheckWritable() const;
-  // The directory index of `name`; kNotFound. REQUIRES mu_.
-  Result<size_t> FindLocked(const std::string& name) const;
-  // Why bitmap `e` cannot be used ("" when it can). REQUIRES mu_.
-  std::string ProblemLocked(const BitmapDirectoryEntry& e) const;
-  // FindLocked, and kCorrupt for an inconsistent bitmap. REQUIRES mu_.
-  Result<size_t> FindUsableLocked(const std::string& name) const;
-  // Starts tracking entry `e` (its data clusters all allocated). REQUIRES mu_.
-  Status TrackLocked(const BitmapDirectoryEntry& e, BitVector bits);
+  // The directory index of `name`; kNotFound.
+  Result<size_t> FindLocked(const std::string& name) const TD_REQUIRES(img_.mu_);
+  // Why bitmap `e` cannot be used ("" when it can).
+  std::string ProblemLocked(const BitmapDirectoryEntry& e) const TD_REQUIRES(img_.mu_);
+  // FindLocked, and kCorrupt for an inconsistent bitmap.
+  Result<size_t> FindUsableLocked(const std::string& name) const TD_REQUIRES(img_.mu_);
+  // Starts tracking entry `e` (its data clusters all allocated).
+  Status TrackLocked(const BitmapDirectoryEntry& e, BitVector bits) TD_REQUIRES(img_.mu_);
   // After a directory switch: apply the deferred frees and write them.
-  // REQUIRES flush_mu_, not mu_.
-  Status FlushFrees();
+  // REQUIRES mu_ not held.
+  Status FlushFrees() TD_REQUIRES(img_.flush_mu_);
 
   ImageImpl& img_;
 };
@@ -104,12 +104,12 @@ Status BitmapEditor::TrackLocked(const BitmapDirectoryEntry& e, BitVector bits) 
 
 Status BitmapEditor::FlushFrees() {
   TD_RETURN_IF_ERROR(img_.FlushAll());  // stage 5: refcounts lowered in memory
-  std::lock_guard lock(img_.mu_);
+  util::MutexLock lock(img_.mu_);
   return img_.FlushMetadataLocked();
 }
 
 Result<std::vector<BitmapInfo>> BitmapEditor::List() {
-  std::lock_guard lock(img_.mu_);
+  util::MutexLock lock(img_.mu_);
   if (!img_.bitmap_error_.empty()) {
     return Status::Corrupt("the bitmap directory does not decode: " + img_.bitmap_error_);
   }
@@ -127,7 +127,7 @@ Result<std::vector<BitmapInfo>> BitmapEditor::List() {
 }
 
 Result<BitVector> BitmapEditor::Read(const std::string& name) {
-  std::lock_guard lock(img_.mu_);
+  util::MutexLock lock(img_.mu_);
   TD_ASSIGN_OR_RETURN(size_t i, FindUsableLocked(name));
   BitVector bits;
   if (img_.tracker_ && img_.tracker_->CopyExact(name, &bits)) return bits;
@@ -140,10 +140,10 @@ Status BitmapEditor::Add(const BitmapAddOptions& o) {
     return Status::InvalidArgument(
         fmt::format("a bitmap name is 1 to {} bytes long", kMaxBitmapNameSize));
   }
-  std::lock_guard flush_lock(img_.flush_mu_);
+  util::MutexLock flush_lock(img_.flush_mu_);
   TD_RETURN_IF_ERROR(img_.FlushAll());
   {
-    std::lock_guard lock(img_.mu_);
+    util::MutexLock lock(img_.mu_);
     const uint64_t size = img_.size_.load();
     if (size == 0) {
       return Status::InvalidArgument("an empty disk (0 bytes) has nothing for a bitmap to track");
@@ -188,10 +188,10 @@ Status BitmapEditor::Add(const BitmapAddOptions& o) {
 
 Status BitmapEditor::Remove(const std::string& name) {
   TD_RETURN_IF_ERROR(CheckWritable());
-  std::lock_guard flush_lock(img_.flush_mu_);
+  util::MutexLock flush_lock(img_.flush_mu_);
   TD_RETURN_IF_ERROR(img_.FlushAll());
   {
-    std::lock_guard lock(img_.mu_);
+    util::MutexLock lock(img_.mu_);
     TD_ASSIGN_OR_RETURN(size_t i, FindLocked(name));
     const BitmapDirectoryEntry e = img_.bitmap_dir_[i];
     // What it holds is freed once the directory no longer names it. A
@@ -218,10 +218,10 @@ Status BitmapEditor::Remove(const std::string& name) {
 
 Status BitmapEditor::Clear(const std::string& name) {
   TD_RETURN_IF_ERROR(CheckWritable());
-  std::lock_guard flush_lock(img_.flush_mu_);
+  util::MutexLock flush_lock(img_.flush_mu_);
   // Every change so far is durable before the bits that cover it go.
   TD_RETURN_IF_ERROR(img_.FlushAll());
-  std::lock_guard lock(img_.mu_);
+  util::MutexLock lock(img_.mu_);
   TD_ASSIGN_OR_RETURN(size_t i, FindUsableLocked(name));
   if (BitVector* exact = img_.tracker_->ExactBits(name)) {
     exact->ClearAll();
@@ -234,10 +234,10 @@ Status BitmapEditor::Clear(const std::string& name) {
 
 Status BitmapEditor::SetEnabled(const std::string& name, bool enabled) {
   TD_RETURN_IF_ERROR(CheckWritable());
-  std::lock_guard flush_lock(img_.flush_mu_);
+  util::MutexLock flush_lock(img_.flush_mu_);
   TD_RETURN_IF_ERROR(img_.FlushAll());
   {
-    std::lock_guard lock(img_.mu_);
+    util::MutexLock lock(img_.mu_);
     TD_ASSIGN_OR_RETURN(size_t i, FindUsableLocked(name));
     std::vector<BitmapDirectoryEntry> entries = img_.bitmap_dir_;
     BitmapDirectoryEntry& e = entries[i];
@@ -269,9 +269,9 @@ Status BitmapEditor::Merge(const std::string& dst, const BitVector& src, uint32_
   if (src_bits < kMinBitmapGranularityBits || src_bits > kMaxBitmapGranularityBits) {
     return Status::InvalidArgument("the source bitmap's granularity is out of range");
   }
-  std::lock_guard flush_lock(img_.flush_mu_);
+  util::MutexLock flush_lock(img_.flush_mu_);
   TD_RETURN_IF_ERROR(img_.FlushAll());
-  std::lock_guard lock(img_.mu_);
+  util::MutexLock lock(img_.mu_);
   TD_ASSIGN_OR_RETURN(size_t i, FindUsableLocked(dst));
   const BitmapDirectoryEntry& e = img_.bitmap_dir_[i];
   // Each run of source granules marks the destination granules its bytes touch.

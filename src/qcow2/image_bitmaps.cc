@@ -132,7 +132,7 @@ Status ImageImpl::StoreBitmapBitsLocked(const BitmapDirectoryEntry& e, const Bit
   TD_ASSIGN_OR_RETURN(std::vector<BitmapTableEntry> table, ReadBitmapTableLocked(e));
   std::vector<uint64_t> fresh;    // clusters allocated here, not yet in the table on disk
   std::vector<uint64_t> changed;  // table indices to rewrite
-  auto give_back = [&] {
+  auto give_back = [&]() TD_REQUIRES(mu_) {
     for (uint64_t off : fresh) allocator_->DeferFree(off, 1);
   };
   std::vector<uint8_t> buf(cs());
@@ -197,7 +197,7 @@ Result<BitmapDirectoryEntry> ImageImpl::WriteNewBitmapLocked(const BitmapDirecto
   const uint64_t entries = DivUp(bits.ByteSize(), cs());
   std::vector<uint8_t> table(entries * 8, 0);
   std::vector<uint64_t> taken;  // given back if anything fails
-  auto fail = [&](const Status& s) {
+  auto fail = [&](const Status& s) TD_REQUIRES(mu_) {
     for (uint64_t off : taken) allocator_->DeferFree(off, 1);
     return s;
   };

@@ -21,14 +21,14 @@ Codec CodecOf(CompressionType t) {
 }  // namespace
 
 void ImageImpl::DropCompressedCache() {
-  std::lock_guard lock(compressed_mu_);
+  util::MutexLock lock(compressed_mu_);
   compressed_cache_.clear();
 }
 
 Status ImageImpl::ReadCompressedCluster(uint64_t gc, const L2Mapping& m,
                                         std::vector<uint8_t>* cluster) {
   {
-    std::lock_guard lock(compressed_mu_);
+    util::MutexLock lock(compressed_mu_);
     for (auto it = compressed_cache_.begin(); it != compressed_cache_.end(); ++it) {
       if (it->host_offset == m.host_offset) {
         *cluster = *it->data;
@@ -46,7 +46,7 @@ Status ImageImpl::ReadCompressedCluster(uint64_t gc, const L2Mapping& m,
                            s.message());
   }
   *cluster = *data;
-  std::lock_guard lock(compressed_mu_);
+  util::MutexLock lock(compressed_mu_);
   compressed_cache_.push_front({m.host_offset, std::move(data)});
   if (compressed_cache_.size() > kCompressedCacheEntries) compressed_cache_.pop_back();
   return Status::Ok();
@@ -91,7 +91,7 @@ Status ImageImpl::WriteCompressed(uint64_t offset, std::span<const uint8_t> data
   L2Mapping old;
   uint64_t host = 0;
   {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     TD_ASSIGN_OR_RETURN(old, LookupLocked(gc));
     TD_ASSIGN_OR_RETURN(host, allocator_->AllocateBytes(*n));
   }
@@ -101,7 +101,7 @@ Status ImageImpl::WriteCompressed(uint64_t offset, std::span<const uint8_t> data
   m.kind = ClusterKind::kCompressed;
   m.host_offset = host;
   m.compressed_size = *n;
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   if (s.ok()) s = SetMappingLocked(gc, m);
   if (!s.ok()) {
     // Give back the references AllocateBytes took (on every host cluster

@@ -47,10 +47,10 @@ Status ImageImpl::Deallocate(uint64_t offset, uint64_t length) {
     const uint64_t len = std::min<uint64_t>(end - pos, cs() - in_off);
     pos += len;
     auto guard = range_lock_.Lock(gc, 1);
-    std::unique_lock lock(mu_);
+    util::MutexLock lock(mu_);
     uint64_t l1i = gc / l2_entries_;
     if (l1i >= l1_.size() || L1Offset(l1_[l1i]) == 0) continue;  // nothing mapped here
-    TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLoadingUnlocked(gc, lock));
+    TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLoadingUnlocked(gc));
     const bool owned = (m.kind == ClusterKind::kNormal || m.kind == ClusterKind::kZero) &&
                        m.copied && m.host_offset != 0;
     L2Mapping n;  // unallocated
@@ -108,7 +108,7 @@ Status ImageImpl::Deallocate(uint64_t offset, uint64_t length) {
     // data back into these subclusters; punch only if none did.
     L2Mapping now;
     {
-      std::lock_guard lock(mu_);
+      util::MutexLock lock(mu_);
       TD_ASSIGN_OR_RETURN(now, LookupLocked(r.gc));
     }
     if (now.kind != ClusterKind::kNormal || now.host_offset != r.old.host_offset ||
@@ -120,7 +120,7 @@ Status ImageImpl::Deallocate(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(PunchNow(&run));
   // 4. Only now may the clusters nothing was punched for (shared or
   //    compressed ones) be reused: queue their refcount decrements.
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (const Released& r : released) {
     if (r.free && r.punch_length == 0) FreeMappingLocked(r.old);
   }

@@ -62,6 +62,7 @@ Status ImageImpl::FlushMetadataLocked(OwedTail* owed) {
       // Nothing is ordered after these writes and their sync but the
       // flush's end and its frees: the caller makes them without the lock,
       // holding table_write_mu_ until the writes are made.
+      owed->cache = l2_cache_.get();
       owed->tables = l2_cache_->Take();
       owed->order = std::move(order);
       owed->sync = true;
@@ -136,7 +137,7 @@ Status ImageImpl::FlushAll() {
   bool sync_first = false;
   uint64_t l2_changes = 0;
   {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     clean = !MetadataDirtyLocked();
     // Stage 1 syncs under the lock anyway when refcounts are to be written.
     sync_first =
@@ -151,7 +152,7 @@ Status ImageImpl::FlushAll() {
   // the mapping of every write that completed before it is durable.
   if (sync_first) TD_RETURN_IF_ERROR(storage_->Flush());
   {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     // Metadata changed during the unlocked sync (a discard, say) is written
     // now too, though the flush does not owe it: the frees taken below may
     // belong to it, and a refcount must never drop while an L2 entry on
@@ -170,12 +171,12 @@ Status ImageImpl::FlushAll() {
   // taken tables stay in the cache, pinned, until their copies are
   // written; a metadata flush (a cache eviction's) waits for the writes
   // on table_write_mu_, not for the sync.
-  const Status written = l2_cache_->Write(owed.tables);
+  const Status written = owed.cache ? owed.cache->Write(owed.tables) : Status::Ok();
   if (owed.order.owns_lock()) owed.order.unlock();
   if (!written.ok()) {
     // Nothing was marked written: the next flush writes the tables again,
     // and frees the clusters after them.
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     l2_cache_->Restore(owed.tables);
     for (const Allocator::Range& r : frees) allocator_->DeferFree(r.offset, r.n);
     return written;
@@ -190,14 +191,14 @@ Status ImageImpl::FlushAll() {
   WaitForReaders();
   std::vector<uint64_t> freed;
   for (const Allocator::Range& r : frees) {
-    std::unique_lock lock(mu_);
+    util::MutexLock lock(mu_);
     // The refcount blocks it changes are loaded without the lock (a few
     // tries each; then ApplyFrees loads under it), as a discard of a cold
     // part of a large image needs blocks no request has read yet.
     for (uint64_t block : allocator_->UncachedBlocks(r)) {
       for (int loads = 0; loads < 3 && !allocator_->block_cache().Cached(block);) {
         TD_ASSIGN_OR_RETURN(bool ours,
-                            LoadTableUnlocked(allocator_->block_cache(), block, lock));
+                            LoadTableUnlocked(allocator_->block_cache(), block));
         loads += ours;
       }
     }
@@ -213,7 +214,7 @@ Status ImageImpl::FlushAll() {
 Status ImageImpl::Flush() {
   if (closed_.load()) return Status::InvalidArgument("image is closed");
   if (read_only_) return storage_->Flush();
-  std::lock_guard flush_lock(flush_mu_);
+  util::MutexLock flush_lock(flush_mu_);
   return FlushAll();
 }
 

@@ -31,7 +31,6 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -47,6 +46,8 @@
 #include "qcow2/range_lock.h"
 #include "qcow2/reader_epochs.h"
 #include "qcow2/table_cache.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::qcow2 {
 
@@ -76,7 +77,10 @@ class ImageImpl final : public Image {
   Result<block::ReadPlan> PlanRead(uint64_t offset, uint64_t length) override;
 
   // Image
-  const Header& header() const override { return header_; }
+  // The header's fields a tool reads (geometry, version, backing file)
+  // change only under flush_mu_ with no request in flight (resize,
+  // amend), so the caller that owns the image reads them without mu_.
+  const Header& header() const override TD_NO_THREAD_SAFETY_ANALYSIS { return header_; }
   io::Storage& storage() override { return *storage_; }
   block::Device* backing() override { return backing_.get(); }
   Status WriteCompressed(uint64_t offset, std::span<const uint8_t> data) override;
@@ -103,7 +107,7 @@ class ImageImpl final : public Image {
   std::string GuestPos(uint64_t guest_cluster) const;
   Status CheckRange(uint64_t offset, uint64_t length) const;
 
-  // ---- mapping (image_map.cc); all REQUIRE mu_ ----
+  // ---- mapping (image_map.cc) ----
   // The host offset of the cached slice of the L2 table at `l2_offset`
   // that holds entry `l2i`, and where the entry is within the slice.
   uint64_t L2SliceOffset(uint64_t l2_offset, uint64_t l2i) const {
@@ -113,32 +117,31 @@ class ImageImpl final : public Image {
     return l2i % l2_slice_entries_ * l2_entry_size_;
   }
   // The slice holding entry `l2i` of the L2 table at `l2_offset`.
-  Result<std::shared_ptr<Table>> L2SliceLocked(uint64_t l2_offset, uint64_t l2i) {
+  Result<std::shared_ptr<Table>> L2SliceLocked(uint64_t l2_offset, uint64_t l2i)
+      TD_REQUIRES(mu_) {
     return l2_cache_->Get(L2SliceOffset(l2_offset, l2i));
   }
-  Result<L2Mapping> LookupLocked(uint64_t guest_cluster);
+  Result<L2Mapping> LookupLocked(uint64_t guest_cluster) TD_REQUIRES(mu_);
   // LookupLocked for a request (a read, a write, zeroes, a discard): an L2
-  // table not in memory is read with `lock` (on mu_) released meanwhile, so
+  // table not in memory is read with mu_ released meanwhile, so
   // lookups of other tables need not wait for the disk. One request loads a
   // table; others wanting it wait for that load. A writer may use it: the
   // range lock it holds keeps its cluster's mapping as it was looked up.
-  Result<L2Mapping> LookupLoadingUnlocked(uint64_t guest_cluster,
-                                          std::unique_lock<std::mutex>& lock);
+  Result<L2Mapping> LookupLoadingUnlocked(uint64_t guest_cluster) TD_REQUIRES(mu_);
   // Whether the L2 entry of `gc` is in memory (or there is no L2 table).
-  bool L2InMemoryLocked(uint64_t guest_cluster) const;
-  // One try at loading the table at `offset` into `cache` with `lock` (on
-  // mu_) released during the read: true when this call read it, false when
+  bool L2InMemoryLocked(uint64_t guest_cluster) const TD_REQUIRES(mu_);
+  // One try at loading the table at `offset` into `cache` with mu_
+  // released during the read: true when this call read it, false when
   // it waited for another caller's load instead. The table may be missing
   // again afterwards (the load was outdated, or evicted): look again.
-  Result<bool> LoadTableUnlocked(TableCache& cache, uint64_t offset,
-                                 std::unique_lock<std::mutex>& lock);
-  Status SetMappingLocked(uint64_t guest_cluster, const L2Mapping& m);
+  Result<bool> LoadTableUnlocked(TableCache& cache, uint64_t offset) TD_REQUIRES(mu_);
+  Status SetMappingLocked(uint64_t guest_cluster, const L2Mapping& m) TD_REQUIRES(mu_);
   // The slice of the L2 table that maps `gc`, ready to be changed: the
   // table allocated when there is none, copied when a snapshot shares it.
-  Result<std::shared_ptr<Table>> WritableL2Locked(uint64_t gc);
-  Status ValidateMapping(uint64_t guest_cluster, const L2Mapping& m);
+  Result<std::shared_ptr<Table>> WritableL2Locked(uint64_t gc) TD_REQUIRES(mu_);
+  Status ValidateMapping(uint64_t guest_cluster, const L2Mapping& m) TD_REQUIRES(mu_);
   // Queues the release of whatever host space `m` holds.
-  void FreeMappingLocked(const L2Mapping& m);
+  void FreeMappingLocked(const L2Mapping& m) TD_REQUIRES(mu_);
   SubState StateOf(const L2Mapping& m, uint32_t sub) const;
   // Where the run of subclusters in the state of the one holding cluster
   // offset `pos` ends (at most `end`), for a cluster mapped by `m`.
@@ -222,17 +225,17 @@ class ImageImpl final : public Image {
   // when none. Allocated clusters count as data; in the partly kept cluster
   // only non-zero bytes do.
   Status FindDataPast(uint64_t from, uint64_t to, uint64_t* first, uint64_t* end);
-  Status DropMappingsPastLocked(uint64_t new_size, uint64_t old_size);  // REQUIRES mu_
-  Status TruncateUnusedTail();  // REQUIRES flush_mu_
+  Status DropMappingsPastLocked(uint64_t new_size, uint64_t old_size) TD_REQUIRES(mu_);
+  Status TruncateUnusedTail() TD_REQUIRES(flush_mu_);
 
   // ---- grow with preallocation (image_preallocate.cc) ----
   // Whether guest cluster gc, mapped as m, can be given a host cluster
-  // without changing what it reads; REQUIRES mu_.
-  bool PreallocatableLocked(uint64_t gc, const L2Mapping& m) const;
-  // Preallocates guest clusters [first, first + count); REQUIRES flush_mu_
-  // and the range lock on them.
+  // without changing what it reads.
+  bool PreallocatableLocked(uint64_t gc, const L2Mapping& m) const TD_REQUIRES(mu_);
+  // Preallocates guest clusters [first, first + count); REQUIRES the range
+  // lock on them too.
   Status PreallocateBatch(uint64_t first, uint64_t count, Preallocation mode,
-                          std::string* warning);
+                          std::string* warning) TD_REQUIRES(flush_mu_);
 
   // ---- persistent bitmaps (image_bitmaps.cc) ----
   // Before a change to guest bytes [offset, offset + length): every
@@ -257,43 +260,46 @@ class ImageImpl final : public Image {
   // At open: reads the directory; read-write, starts tracking the enabled
   // bitmaps (their data clusters all allocated first) and sets in_use on
   // enabled ones it cannot keep (an inconsistent bitmap, as qemu marks
-  // them). REQUIRES mu_ and no request in flight.
-  Status OpenBitmapsLocked();
+  // them). REQUIRES no request in flight.
+  Status OpenBitmapsLocked() TD_REQUIRES(mu_);
   // Writes `entries` as the new directory (or drops the extension when
   // empty) and switches the header to it; the old directory is freed
   // deferred. A failure before the header write changes nothing; one in
   // it or its sync leaves `entries` the engine's view, written again by
   // the next flush (callers keep tracking what they were to drop, and free
-  // nothing). REQUIRES mu_ and no request in flight.
-  Status StoreBitmapDirectoryLocked(std::vector<BitmapDirectoryEntry> entries);
+  // nothing). REQUIRES no request in flight.
+  Status StoreBitmapDirectoryLocked(std::vector<BitmapDirectoryEntry> entries)
+      TD_REQUIRES(mu_);
   // Makes entry `e`'s data hold `bits`: in place where a data cluster
   // exists, in new clusters where one must (all of them with
   // `allocate_all`), then the changed table entries in place. Ends synced.
-  // REQUIRES mu_ and no request in flight.
+  // REQUIRES no request in flight.
   Status StoreBitmapBitsLocked(const BitmapDirectoryEntry& e, const BitVector& bits,
-                               bool allocate_all);
+                               bool allocate_all) TD_REQUIRES(mu_);
   // Writes `bits` as a new bitmap like `e`: data clusters (every one with
   // `allocate_all`, else only those with a bit set) and a table, all newly
   // allocated; nothing names them yet and nothing is synced. Returns `e`
   // with the new table; `data_clusters` (optional) gets each entry's
-  // cluster (0: none). REQUIRES mu_.
+  // cluster (0: none).
   Result<BitmapDirectoryEntry> WriteNewBitmapLocked(const BitmapDirectoryEntry& e,
-                                                    const BitVector& bits, bool allocate_all,
-                                                    std::vector<uint64_t>* data_clusters);
+                                                    const BitVector& bits,
+                                                    bool allocate_all,
+                                                    std::vector<uint64_t>* data_clusters)
+      TD_REQUIRES(mu_);
   // A resize's bitmaps: every bitmap written anew at the new size (tracked
   // ones with all data clusters, holding their exact bits), and a new
   // directory, none named yet. The header write that carries the new size
   // names them too (FlushMetadataLocked), so no crash can pair a size with
   // bitmaps of another size; ApplyResizedBitmapsLocked then frees the old
   // ones and tracks the new. kInvalidArgument when a bitmap is
-  // inconsistent or would exceed the limits at the new size. REQUIRES mu_.
+  // inconsistent or would exceed the limits at the new size.
   // Until then each tracked bitmap's new copy is tracked too, under
   // ResizeShadowName, so no change made meanwhile is missing from it
   // whenever the switch comes; DropResizedBitmapsLocked gives up a resize
   // that will not happen (its clusters leak).
-  Status PrepareResizedBitmapsLocked(uint64_t new_size);
-  void ApplyResizedBitmapsLocked();
-  void DropResizedBitmapsLocked();
+  Status PrepareResizedBitmapsLocked(uint64_t new_size) TD_REQUIRES(mu_);
+  void ApplyResizedBitmapsLocked() TD_REQUIRES(mu_);
+  void DropResizedBitmapsLocked() TD_REQUIRES(mu_);
   static std::string ResizeShadowName(const std::string& name) { return "\x01resize:" + name; }
   // Why the clusters of bitmap `e` (its table, and the data clusters
   // `table` names) may be neither written nor freed: "" when each has
@@ -301,12 +307,13 @@ class ImageImpl final : public Image {
   // tables, refcount table and blocks, snapshot table and snapshot L1s,
   // the directory, another bitmap's table) or named twice. qemu keeps such
   // an overlap from being written; a bitmap that has one is inconsistent.
-  // REQUIRES mu_.
   std::string BitmapClustersProblemLocked(const BitmapDirectoryEntry& e,
-                                          const std::vector<BitmapTableEntry>& table);
+                                          const std::vector<BitmapTableEntry>& table)
+      TD_REQUIRES(mu_);
   // The table entries of `e` (validated, overlaps included) and its bits as stored.
-  Result<std::vector<BitmapTableEntry>> ReadBitmapTableLocked(const BitmapDirectoryEntry& e);
-  Result<BitVector> ReadBitmapBitsLocked(const BitmapDirectoryEntry& e);
+  Result<std::vector<BitmapTableEntry>> ReadBitmapTableLocked(
+      const BitmapDirectoryEntry& e) TD_REQUIRES(mu_);
+  Result<BitVector> ReadBitmapBitsLocked(const BitmapDirectoryEntry& e) TD_REQUIRES(mu_);
 
   // ---- flush (image_flush.cc) ----
   // What FlushAll finishes without mu_ when nothing else is ordered after
@@ -314,16 +321,19 @@ class ImageImpl final : public Image {
   // marked clean), then the last sync.
   struct OwedTail {
     bool sync = false;
+    // The L2 cache the tables were taken from: its Write reads no cache
+    // state, so it is called without mu_.
+    const TableCache* cache = nullptr;
     TableCache::Taken tables;
     // table_write_mu_, held until the tables are written.
     std::unique_lock<std::mutex> order;
   };
-  // Stages 1-4; REQUIRES mu_. With `owed`, stage 3's writes and the last
-  // sync, when nothing else follows them, are left to the caller.
-  Status FlushMetadataLocked(OwedTail* owed = nullptr);
-  bool MetadataDirtyLocked() const;  // anything for stages 1-4 to write; REQUIRES mu_
-  Status WriteHeaderLocked();    // encodes header_ at offset 0; REQUIRES mu_
-  Status FlushAll();             // stages 1-5; REQUIRES flush_mu_
+  // Stages 1-4. With `owed`, stage 3's writes and the last sync, when
+  // nothing else follows them, are left to the caller.
+  Status FlushMetadataLocked(OwedTail* owed = nullptr) TD_REQUIRES(mu_);
+  bool MetadataDirtyLocked() const TD_REQUIRES(mu_);  // anything for stages 1-4 to write
+  Status WriteHeaderLocked() TD_REQUIRES(mu_);        // encodes header_ at offset 0
+  Status FlushAll() TD_REQUIRES(flush_mu_);           // stages 1-5
 
   // ---- state ----
   std::unique_ptr<io::Storage> storage_;
@@ -346,37 +356,40 @@ class ImageImpl final : public Image {
   std::atomic<uint64_t> size_{0};
   std::atomic<bool> closed_{false};
 
-  std::mutex flush_mu_;
+  util::Mutex flush_mu_;
   std::shared_mutex free_gate_;
   ReaderEpochs planned_readers_;  // the pins of live read plans
   RangeLock range_lock_;
 
-  std::mutex mu_;
+  util::Mutex mu_;
   // Orders writes of L2 tables: held by every metadata flush (taken under
   // mu_) and by FlushAll from stage 3 until its taken tables are written
   // without mu_, so no flush writes a table, or syncs what it wrote, while
-  // an older copy of it is still on its way (docs/engine.md).
+  // an older copy of it is still on its way (docs/engine.md). It guards no
+  // member, and its hold leaves FlushMetadataLocked in OwedTail, which the
+  // analysis cannot follow: a plain std::mutex.
   std::mutex table_write_mu_;
-  Header header_;                  // guarded by mu_: the header as on disk
-  bool header_dirty_ = false;      // guarded by mu_: size or features changed
-  std::vector<uint64_t> l1_;       // guarded by mu_
-  std::set<uint64_t> l1_dirty_;    // guarded by mu_: entries changed in place
-  bool l1_moved_ = false;          // guarded by mu_: l1_ lives at new_l1_offset_
-  uint64_t new_l1_offset_ = 0;     // guarded by mu_
-  std::unique_ptr<TableCache> l2_cache_;     // guarded by mu_
-  std::condition_variable table_loaded_;     // with mu_: a LoadTableUnlocked ended
-  std::unique_ptr<Allocator> allocator_;     // guarded by mu_
-  bool in_metadata_flush_ = false;           // guarded by mu_
-  // guarded by mu_: the L2 cache's changes() when a sync that FlushAll made
-  // without the lock began. Every data write whose mapping was in the cache
+  Header header_ TD_GUARDED_BY(mu_);              // the header as on disk
+  bool header_dirty_ TD_GUARDED_BY(mu_) = false;  // size or features changed
+  std::vector<uint64_t> l1_ TD_GUARDED_BY(mu_);
+  std::set<uint64_t> l1_dirty_ TD_GUARDED_BY(mu_);  // entries changed in place
+  bool l1_moved_ TD_GUARDED_BY(mu_) = false;        // l1_ lives at new_l1_offset_
+  uint64_t new_l1_offset_ TD_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<TableCache> l2_cache_ TD_GUARDED_BY(mu_);
+  util::CondVar table_loaded_;  // with mu_: a LoadTableUnlocked ended
+  std::unique_ptr<Allocator> allocator_ TD_GUARDED_BY(mu_);
+  bool in_metadata_flush_ TD_GUARDED_BY(mu_) = false;
+  // The L2 cache's changes() when a sync that FlushAll made without the
+  // lock began. Every data write whose mapping was in the cache
   // by then is durable, so while the count is unchanged stage 3 needs no
   // sync of its own before it writes L2 tables.
-  uint64_t l2_changes_synced_ = ~uint64_t{0};
+  uint64_t l2_changes_synced_ TD_GUARDED_BY(mu_) = ~uint64_t{0};
   // The bitmap directory as on disk (empty without a consistent bitmaps
   // extension), and the tracker of the enabled bitmaps (every read-write
   // open has one, set in Init and never replaced; it may track none).
-  std::vector<BitmapDirectoryEntry> bitmap_dir_;  // guarded by mu_
-  std::string bitmap_error_;  // guarded by mu_: why a read-only open could not read the directory
+  std::vector<BitmapDirectoryEntry> bitmap_dir_ TD_GUARDED_BY(mu_);
+  // Why a read-only open could not read the directory.
+  std::string bitmap_error_ TD_GUARDED_BY(mu_);
   std::unique_ptr<BitmapTracker> tracker_;
   struct ResizedBitmaps {
     BitmapsExtension ext;
@@ -384,15 +397,15 @@ class ImageImpl final : public Image {
     std::vector<Allocator::Range> frees;  // the old bitmaps' clusters
     std::vector<std::string> tracked;     // names whose new copy the tracker has as a shadow
   };
-  std::unique_ptr<ResizedBitmaps> resized_bitmaps_;  // guarded by mu_
+  std::unique_ptr<ResizedBitmaps> resized_bitmaps_ TD_GUARDED_BY(mu_);
 
   // Last decompressed clusters, keyed by host offset.
-  std::mutex compressed_mu_;
+  util::Mutex compressed_mu_;
   struct Decompressed {
     uint64_t host_offset;
     std::shared_ptr<const std::vector<uint8_t>> data;
   };
-  std::list<Decompressed> compressed_cache_;  // guarded by compressed_mu_
+  std::list<Decompressed> compressed_cache_ TD_GUARDED_BY(compressed_mu_);
 };
 
 }  // namespace thindisk::qcow2

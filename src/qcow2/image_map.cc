@@ -82,25 +82,26 @@ bool ImageImpl::L2InMemoryLocked(uint64_t gc) const {
   return l2_offset == 0 || l2_cache_->Cached(L2SliceOffset(l2_offset, gc % l2_entries_));
 }
 
-Result<bool> ImageImpl::LoadTableUnlocked(TableCache& cache, uint64_t offset,
-                                          std::unique_lock<std::mutex>& lock) {
+Result<bool> ImageImpl::LoadTableUnlocked(TableCache& cache, uint64_t offset) {
   if (!cache.BeginLoad(offset)) {
-    table_loaded_.wait(lock);  // another request loads it
+    table_loaded_.Wait(mu_);  // another request loads it
     return false;
   }
-  lock.unlock();
+  // The caller's hold of mu_ (a scope of its own) is let go here and taken
+  // again before the return: nothing the caller looked up under it before
+  // the call may be used after it without looking again.
+  mu_.Unlock();
   std::vector<uint8_t> data(cache.table_size());
   Status read = storage_->ReadAt(offset, data);
-  lock.lock();
+  mu_.Lock();
   Status kept = cache.FinishLoad(offset, std::move(data), read.ok());
-  table_loaded_.notify_all();
+  table_loaded_.NotifyAll();
   TD_RETURN_IF_ERROR(read);
   TD_RETURN_IF_ERROR(kept);
   return true;
 }
 
-Result<L2Mapping> ImageImpl::LookupLoadingUnlocked(uint64_t gc,
-                                                   std::unique_lock<std::mutex>& lock) {
+Result<L2Mapping> ImageImpl::LookupLoadingUnlocked(uint64_t gc) {
   // A few loads of our own at most: one that was outdated (the table was
   // loaded under the lock, made or dropped meanwhile) is tried again, and
   // after that LookupLocked loads under the lock. Waiting for another
@@ -110,7 +111,7 @@ Result<L2Mapping> ImageImpl::LookupLoadingUnlocked(uint64_t gc,
     if (l2_offset + cluster_size_ > allocator_->host_end())
       break;  // LookupLocked says why
     const uint64_t slice = L2SliceOffset(l2_offset, gc % l2_entries_);
-    TD_ASSIGN_OR_RETURN(bool ours, LoadTableUnlocked(*l2_cache_, slice, lock));
+    TD_ASSIGN_OR_RETURN(bool ours, LoadTableUnlocked(*l2_cache_, slice));
     loads += ours;
   }
   return LookupLocked(gc);

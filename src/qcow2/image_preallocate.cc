@@ -55,7 +55,7 @@ Status ImageImpl::PreallocateBatch(uint64_t first, uint64_t count, Preallocation
   std::vector<Planned> todo;
   std::vector<Run> runs;
   {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     for (uint64_t gc = first; gc < first + count; ++gc) {
       TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLocked(gc));
       if (!PreallocatableLocked(gc, m)) continue;
@@ -88,7 +88,7 @@ Status ImageImpl::PreallocateBatch(uint64_t first, uint64_t count, Preallocation
     }
   }
   // 4. Map them.
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (const Planned& p : todo) TD_RETURN_IF_ERROR(SetMappingLocked(p.gc, p.m));
   return Status::Ok();
 }
@@ -101,7 +101,7 @@ Status ImageImpl::GrowPreallocated(uint64_t new_size, Preallocation mode, std::s
   // 1. Grow (checks read-only, limits; flushes).
   TD_RETURN_IF_ERROR(Resize(new_size, false));
   if (mode == Preallocation::kOff || new_size == old_size) return Status::Ok();
-  std::lock_guard flush_lock(flush_mu_);
+  util::MutexLock flush_lock(flush_mu_);
   const uint64_t end = std::min(new_size, size_.load());  // a racing shrink wins
   const uint64_t end_gc = (end + cs() - 1) >> cluster_bits_;
   for (uint64_t gc = old_size >> cluster_bits_; gc < end_gc;) {

@@ -100,8 +100,8 @@ Status ImageImpl::Read(uint64_t offset, std::span<uint8_t> buf) {
     uint64_t len = std::min<uint64_t>(buf.size() - done, cluster_size_ - in_off);
     L2Mapping m;
     {
-      std::unique_lock lock(mu_);
-      TD_ASSIGN_OR_RETURN(m, LookupLoadingUnlocked(gc, lock));
+      util::MutexLock lock(mu_);
+      TD_ASSIGN_OR_RETURN(m, LookupLoadingUnlocked(gc));
     }
     if (AllData(m, in_off, len)) {
       const uint64_t host = m.host_offset + in_off;
@@ -213,7 +213,7 @@ Result<block::ReadPlan> ImageImpl::PlanRead(uint64_t offset, uint64_t length) {
     const uint64_t len = std::min<uint64_t>(length - done, cluster_size_ - in_off);
     L2Mapping m;
     {
-      std::lock_guard lock(mu_);
+      util::MutexLock lock(mu_);
       // A plan is made on a thread that must not wait for the disk.
       if (!L2InMemoryLocked(gc)) {
         return Status::NotSupported(GuestPos(gc) + ": its L2 table is not in memory");

@@ -50,7 +50,7 @@ Status ImageImpl::FindDataPast(uint64_t from, uint64_t to, uint64_t* first, uint
     uint64_t gc = from >> cluster_bits_;
     L2Mapping m;
     {
-      std::lock_guard lock(mu_);
+      util::MutexLock lock(mu_);
       TD_ASSIGN_OR_RETURN(m, LookupLocked(gc));
     }
     uint64_t base = gc << cluster_bits_;
@@ -68,7 +68,7 @@ Status ImageImpl::FindDataPast(uint64_t from, uint64_t to, uint64_t* first, uint
     }
   }
   // Whole clusters: anything allocated holds data.
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (uint64_t gc = whole_from >> cluster_bits_; (gc << cluster_bits_) < to;) {
     uint64_t l1i = gc / l2_entries_;
     if (l1i >= l1_.size()) break;
@@ -119,7 +119,7 @@ Status ImageImpl::DropMappingsPastLocked(uint64_t new_size, uint64_t old_size) {
 }
 
 Status ImageImpl::TruncateUnusedTail() {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   TD_ASSIGN_OR_RETURN(uint64_t file_size, storage_->Size());
   uint64_t c = (file_size + cs() - 1) >> cluster_bits_;
   while (c > 1) {
@@ -141,18 +141,18 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
   if (new_size > kMaxVirtualSize) {
     return Status::InvalidArgument("size " + std::to_string(new_size) + " exceeds the limit");
   }
-  std::lock_guard flush_lock(flush_mu_);
+  util::MutexLock flush_lock(flush_mu_);
   const uint64_t old_size = size_.load();
   if (new_size == old_size) return Status::Ok();
   {
     // The file's tail may be cut below: no reserved cluster may stay there.
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     TD_RETURN_IF_ERROR(allocator_->ReleaseReserve());
   }
 
   uint32_t snapshots = 0;
   {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     snapshots = header_.nb_snapshots;
   }
   if (version_ < 3 && snapshots != 0) {
@@ -173,7 +173,7 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
     uint64_t tail_end = std::min(old_size, (new_size + cs() - 1) / cs() * cs());
     bool tail_held = false;
     if (tail_end > new_size) {
-      std::lock_guard lock(mu_);
+      util::MutexLock lock(mu_);
       TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLocked(new_size >> cluster_bits_));
       tail_held = HoldsData(m, extended_);  // else it reads as zeros or backing
     }
@@ -183,7 +183,7 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
     }
     // 3. Drop what lies past the end; the bitmaps shrink with the disk.
     {
-      std::lock_guard lock(mu_);
+      util::MutexLock lock(mu_);
       TD_RETURN_IF_ERROR(PrepareResizedBitmapsLocked(new_size));
       Status dropped = DropMappingsPastLocked(new_size, old_size);
       if (!dropped.ok()) {
@@ -196,7 +196,7 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
     // 4. Metadata before frees (FlushAll), then the lowered refcounts.
     TD_RETURN_IF_ERROR(FlushAll());
     {
-      std::lock_guard lock(mu_);
+      util::MutexLock lock(mu_);
       TD_RETURN_IF_ERROR(FlushMetadataLocked());
     }
     // 5. Give the host file's unused tail back.
@@ -204,7 +204,7 @@ Status ImageImpl::Resize(uint64_t new_size, bool shrink) {
   }
 
   {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     uint64_t per_l1 = l2_entries_ * cs();
     uint64_t needed = (new_size + per_l1 - 1) / per_l1;
     if (needed * 8 > kMaxL1Bytes) {

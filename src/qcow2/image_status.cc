@@ -21,14 +21,13 @@ Result<block::Extent> ImageImpl::GetStatus(uint64_t offset, uint64_t max_length)
   };
   // A table not in memory is loaded with the lock released meanwhile
   // (LookupLoadingUnlocked): the extent is a snapshot of a moment either way.
-  std::unique_lock lock(mu_, std::defer_lock);
-  auto unit_at = [&](uint64_t pos) -> Result<Unit> {
+  auto unit_at = [&](uint64_t pos) TD_REQUIRES(mu_) -> Result<Unit> {
     uint64_t gc = pos >> cluster_bits_;
     uint64_t l1i = gc / l2_entries_;
     if (l1i >= l1_.size() || L1Offset(l1_[l1i]) == 0) {
       return Unit{SubState::kUnallocated, 0, (l1i + 1) * l2_entries_ * cs()};
     }
-    TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLoadingUnlocked(gc, lock));
+    TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLoadingUnlocked(gc));
     uint64_t in_off = pos & (cs() - 1);
     if (m.kind == ClusterKind::kCompressed || !extended_ ||
         m.kind == ClusterKind::kZero) {
@@ -45,7 +44,7 @@ Result<block::Extent> ImageImpl::GetStatus(uint64_t offset, uint64_t max_length)
   e.offset = offset;
   SubState state;
   {
-    lock.lock();
+    util::MutexLock lock(mu_);
     TD_ASSIGN_OR_RETURN(Unit u, unit_at(offset));
     state = u.state;
     uint64_t first_host = u.host;
@@ -62,7 +61,6 @@ Result<block::Extent> ImageImpl::GetStatus(uint64_t offset, uint64_t max_length)
       e.has_host_offset = true;
       e.host_offset = first_host;
     }
-    lock.unlock();
   }
   switch (state) {
     case SubState::kData:

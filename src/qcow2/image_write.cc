@@ -52,14 +52,14 @@ Result<uint64_t> ImageImpl::WriteFreshRun(uint64_t gc, uint64_t count, const uin
   // if it has none yet), so the layout does not depend on how the guest
   // cut its writes.
   std::vector<uint64_t> hosts;
-  auto give_back = [&](size_t from) {
+  auto give_back = [&](size_t from) TD_REQUIRES(mu_) {
     for (size_t i = from; i < hosts.size(); ++i) allocator_->DeferFree(hosts[i], 1);
   };
   {
-    std::unique_lock lock(mu_);
+    util::MutexLock lock(mu_);
     uint64_t n = 0;
     for (; n < count; ++n) {
-      TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLoadingUnlocked(gc + n, lock));
+      TD_ASSIGN_OR_RETURN(L2Mapping m, LookupLoadingUnlocked(gc + n));
       const bool no_space = m.kind == ClusterKind::kUnallocated ||
                             (m.kind == ClusterKind::kZero && m.host_offset == 0);
       if (!no_space) break;
@@ -90,7 +90,7 @@ Result<uint64_t> ImageImpl::WriteFreshRun(uint64_t gc, uint64_t count, const uin
                                                              (j - i) << cluster_bits_));
     i = j;
   }
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   size_t mapped = 0;
   for (; s.ok() && mapped < hosts.size(); ++mapped) {
     L2Mapping m;
@@ -113,8 +113,8 @@ Status ImageImpl::WritePieceLocked(uint64_t gc, uint64_t in_off, uint64_t len,
                                    const uint8_t* src) {
   L2Mapping m;
   {
-    std::unique_lock lock(mu_);
-    TD_ASSIGN_OR_RETURN(m, LookupLoadingUnlocked(gc, lock));
+    util::MutexLock lock(mu_);
+    TD_ASSIGN_OR_RETURN(m, LookupLoadingUnlocked(gc));
   }
   if (m.kind == ClusterKind::kNormal && m.copied) return WriteInPlace(gc, m, in_off, len, src);
   if (m.kind == ClusterKind::kZero && m.copied && m.host_offset != 0) {
@@ -125,7 +125,7 @@ Status ImageImpl::WritePieceLocked(uint64_t gc, uint64_t in_off, uint64_t len,
     TD_RETURN_IF_ERROR(storage_->WriteAt(m.host_offset, buf));
     L2Mapping n = m;
     n.kind = ClusterKind::kNormal;
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     return SetMappingLocked(gc, n);
   }
   return WriteAllocating(gc, m, in_off, len, src);
@@ -196,7 +196,7 @@ Status ImageImpl::WriteInPlace(uint64_t gc, const L2Mapping& m, uint64_t in_off,
   L2Mapping n = m;
   n.alloc_bitmap |= mask;
   n.zero_bitmap &= ~mask;
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   return SetMappingLocked(gc, n);
 }
 
@@ -210,7 +210,7 @@ Status ImageImpl::WriteAllocating(uint64_t gc, const L2Mapping& m, uint64_t in_o
                                   const uint8_t* src) {
   Allocator::Allocation a;
   {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     TD_ASSIGN_OR_RETURN(a, allocator_->AllocateClusters(1));
   }
   L2Mapping n;
@@ -257,7 +257,7 @@ Status ImageImpl::WriteAllocating(uint64_t gc, const L2Mapping& m, uint64_t in_o
       s = storage_->WriteAt(a.offset + start, buf);
     }
   }
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   if (s.ok()) s = SetMappingLocked(gc, n);
   if (!s.ok()) {
     allocator_->DeferFree(a.offset, 1);

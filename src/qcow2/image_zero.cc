@@ -61,7 +61,7 @@ Status ImageImpl::ZeroPieces(uint64_t offset, uint64_t length, bool unmap, bool 
     // Whole L2 ranges with no table and nothing below already read as
     // zeros: skip them without touching metadata (mkfs discards whole disks).
     if (pos % l2_span == 0 && length - done >= l2_span && !backing_) {
-      std::lock_guard lock(mu_);
+      util::MutexLock lock(mu_);
       uint64_t l1i = pos / l2_span;
       if (l1i < l1_.size() && L1Offset(l1_[l1i]) == 0) {
         done += l2_span;
@@ -100,7 +100,7 @@ Status ImageImpl::PunchNow(PunchRun* run) {
   // A failed punch leaves the clusters unfreed (leaked, never reused with
   // their old bytes); `check -r leaks` reclaims them.
   TD_RETURN_IF_ERROR(p);
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   for (const L2Mapping& m : released) FreeMappingLocked(m);
   return Status::Ok();
 }
@@ -109,8 +109,8 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
                                   bool /*discard*/, PunchRun* run) {
   L2Mapping m;
   {
-    std::unique_lock lock(mu_);
-    TD_ASSIGN_OR_RETURN(m, LookupLoadingUnlocked(gc, lock));
+    util::MutexLock lock(mu_);
+    TD_ASSIGN_OR_RETURN(m, LookupLoadingUnlocked(gc));
   }
   const uint64_t cluster_bytes = ClusterBytes(gc);
   const bool whole = in_off == 0 && len >= cluster_bytes;
@@ -120,8 +120,8 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
   auto write_zeros = [&](uint64_t from, uint64_t n) -> Status {
     L2Mapping cur;
     {
-      std::unique_lock lock(mu_);
-      TD_ASSIGN_OR_RETURN(cur, LookupLoadingUnlocked(gc, lock));
+      util::MutexLock lock(mu_);
+      TD_ASSIGN_OR_RETURN(cur, LookupLoadingUnlocked(gc));
     }
     bool reads_zero = true;
     for (uint64_t s = from / scs(); s <= (from + n - 1) / scs(); ++s) {
@@ -161,7 +161,7 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
                      n.alloc_bitmap == m.alloc_bitmap && n.zero_bitmap == m.zero_bitmap;
     if (unchanged) return Status::Ok();  // already reads as zeros, nothing to free
     {
-      std::lock_guard lock(mu_);
+      util::MutexLock lock(mu_);
       TD_RETURN_IF_ERROR(SetMappingLocked(gc, n));
     }
     if (keep) return Status::Ok();
@@ -172,7 +172,7 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
     bool ours = (m.kind == ClusterKind::kNormal || m.kind == ClusterKind::kZero) && m.copied &&
                 m.host_offset != 0;
     if (ours) return QueuePunch(run, m);
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     FreeMappingLocked(m);
     return Status::Ok();
   }
@@ -196,7 +196,7 @@ Status ImageImpl::ZeroPieceLocked(uint64_t gc, uint64_t in_off, uint64_t len, bo
   n.alloc_bitmap &= ~mask;
   n.zero_bitmap |= mask;
   {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     TD_RETURN_IF_ERROR(SetMappingLocked(gc, n));
   }
   if (unmap && had_data) {

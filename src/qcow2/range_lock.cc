@@ -11,26 +11,26 @@ bool RangeLock::OverlapsLocked(uint64_t first, uint64_t count) const {
 }
 
 RangeLock::Guard RangeLock::Lock(uint64_t first, uint64_t count) {
-  std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return !OverlapsLocked(first, count); });
+  util::MutexLock lock(mu_);
+  while (OverlapsLocked(first, count)) cv_.Wait(mu_);
   held_.push_back({first, count});
   return Guard(this, first, count);
 }
 
 void RangeLock::Unlock(uint64_t first, uint64_t count) {
   {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     auto it = std::find_if(held_.begin(), held_.end(), [&](const Range& r) {
       return r.first == first && r.count == count;
     });
     if (it != held_.end()) held_.erase(it);
   }
   // Waiters wait for different ranges, so wake them all to re-check.
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 size_t RangeLock::held() const {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   return held_.size();
 }
 

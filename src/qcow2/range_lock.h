@@ -11,10 +11,11 @@
 // Deadlock freedom: a thread must hold at most one range at a time.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <vector>
+
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::qcow2 {
 
@@ -47,12 +48,12 @@ class RangeLock {
     uint64_t first;
     uint64_t count;
   };
-  bool OverlapsLocked(uint64_t first, uint64_t count) const;
+  bool OverlapsLocked(uint64_t first, uint64_t count) const TD_REQUIRES(mu_);
   void Unlock(uint64_t first, uint64_t count);
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Range> held_;  // guarded by mu_; short: one entry per active writer
+  mutable util::Mutex mu_;
+  util::CondVar cv_;
+  std::vector<Range> held_ TD_GUARDED_BY(mu_);  // short: one entry per active writer
 };
 
 }  // namespace thindisk::qcow2

@@ -14,9 +14,10 @@
 // Thread safety: every method may be called from any thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
+
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::qcow2 {
 
@@ -24,37 +25,37 @@ class ReaderEpochs {
  public:
   // Counts a reader in the current epoch; pass the result to Leave.
   unsigned Enter() {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     ++count_[current_];
     return current_;
   }
 
   void Leave(unsigned epoch) {
-    std::lock_guard lock(mu_);
-    if (--count_[epoch] == 0 && epoch != current_) left_.notify_all();
+    util::MutexLock lock(mu_);
+    if (--count_[epoch] == 0 && epoch != current_) left_.NotifyAll();
   }
 
   // Returns once every reader that entered before the call has left.
   void WaitForEarlier() {
-    std::lock_guard barrier(barrier_mu_);
-    std::unique_lock lock(mu_);
+    util::MutexLock barrier(barrier_mu_);
+    util::MutexLock lock(mu_);
     const unsigned old = current_;
     current_ ^= 1;
-    left_.wait(lock, [&] { return count_[old] == 0; });
+    while (count_[old] != 0) left_.Wait(mu_);
   }
 
   // Readers in either epoch (tests).
   uint64_t active() {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     return count_[0] + count_[1];
   }
 
  private:
-  std::mutex barrier_mu_;  // one barrier at a time
-  std::mutex mu_;
-  std::condition_variable left_;
-  unsigned current_ = 0;        // guarded by mu_
-  uint64_t count_[2] = {0, 0};  // readers per epoch; guarded by mu_
+  util::Mutex barrier_mu_;  // one barrier at a time
+  util::Mutex mu_;
+  util::CondVar left_;
+  unsigned current_ TD_GUARDED_BY(mu_) = 0;
+  uint64_t count_[2] TD_GUARDED_BY(mu_) = {0, 0};  // readers per epoch
 };
 
 }  // namespace thindisk::qcow2

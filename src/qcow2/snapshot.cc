@@ -119,7 +119,7 @@ class SnapshotEditor {
   explicit SnapshotEditor(ImageImpl& img) : img_(img) {}
 
   Result<std::vector<Snapshot>> List() {
-    std::lock_guard lock(img_.mu_);
+    util::MutexLock lock(img_.mu_);
     return ReadSnapshotTable(*img_.storage_, img_.header_);
   }
 
@@ -130,31 +130,34 @@ class SnapshotEditor {
  private:
   Status CheckWritable() const;
   // The dirty bit (version 3 only) covers windows in which refcounts and
-  // COPIED flags disagree on disk. Written and synced. REQUIRES mu_.
-  Status SetDirtyLocked(bool dirty);
-  // Reads and validates an L1 table. REQUIRES mu_.
-  Result<std::vector<uint64_t>> ReadL1(uint64_t offset, uint32_t entries);
+  // COPIED flags disagree on disk. Written and synced.
+  Status SetDirtyLocked(bool dirty) TD_REQUIRES(img_.mu_);
+  // Reads and validates an L1 table.
+  Result<std::vector<uint64_t>> ReadL1(uint64_t offset, uint32_t entries)
+      TD_REQUIRES(img_.mu_);
   // Calls fn(host_offset, clusters) for every L2 table reachable from `l1`
   // and every host cluster range its entries use (a compressed cluster: each
-  // host cluster its bytes touch, as check counts them). REQUIRES mu_.
+  // host cluster its bytes touch, as check counts them).
   template <typename Fn>
-  Status ForEachReference(const std::vector<uint64_t>& l1, Fn fn);
+  Status ForEachReference(const std::vector<uint64_t>& l1, Fn fn) TD_REQUIRES(img_.mu_);
   // Sets QCOW_OFLAG_COPIED on L1 entries of `l1` and the entries of their L2
   // tables exactly where the refcount is 1; changed L1 indices go to
-  // `changed_l1` (may be null). REQUIRES mu_.
-  Status FixCopiedLocked(std::vector<uint64_t>& l1, std::set<uint64_t>* changed_l1);
+  // `changed_l1` (may be null).
+  Status FixCopiedLocked(std::vector<uint64_t>& l1, std::set<uint64_t>* changed_l1)
+      TD_REQUIRES(img_.mu_);
   // Allocates clusters for `table`; returns the offset (0 when empty). The
   // allocation is durable only after the next FlushMetadataLocked.
-  Result<uint64_t> AllocateTable(const std::vector<uint8_t>& table);
+  Result<uint64_t> AllocateTable(const std::vector<uint8_t>& table) TD_REQUIRES(img_.mu_);
   // Writes `bytes` at `offset`, announced as a snapshot_table step.
   Status WriteSnapshotStep(uint64_t offset, const std::vector<uint8_t>& bytes);
-  // After FlushAll applied frees: write the lowered refcounts. REQUIRES flush_mu_.
-  Status FlushFrees();
+  // After FlushAll applied frees: write the lowered refcounts.
+  Status FlushFrees() TD_REQUIRES(img_.flush_mu_);
   // One header write naming the snapshot table at `offset` with `nb`
   // entries, the dirty bit set as `dirty` (version 3), then a sync. On
   // failure the in-memory header is left as it was, since the disk may still
-  // hold the old one. REQUIRES mu_.
-  Status SwitchTableLocked(uint64_t offset, uint32_t nb, bool dirty);
+  // hold the old one.
+  Status SwitchTableLocked(uint64_t offset, uint32_t nb, bool dirty)
+      TD_REQUIRES(img_.mu_);
 
   ImageImpl& img_;
 };
@@ -164,6 +167,7 @@ Status SnapshotEditor::CheckWritable() const {
   if (img_.read_only_) {
     return Status::ReadOnly(img_.info_.filename + ": image is opened read-only");
   }
+  util::MutexLock lock(img_.mu_);
   if (img_.header_.refcount_order == 0) {
     return Status::NotSupported(
         img_.info_.filename +
@@ -293,7 +297,7 @@ Status SnapshotEditor::WriteSnapshotStep(uint64_t offset,
 
 Status SnapshotEditor::FlushFrees() {
   TD_RETURN_IF_ERROR(img_.FlushAll());  // stage 5: refcounts lowered in memory
-  std::lock_guard lock(img_.mu_);
+  util::MutexLock lock(img_.mu_);
   return img_.FlushMetadataLocked();
 }
 
@@ -317,10 +321,10 @@ Status SnapshotEditor::Create(const SnapshotCreateOptions& o) {
   if (o.name.empty()) return Status::InvalidArgument("a snapshot needs a name");
   if (o.name.size() > kMaxNameBytes)
     return Status::InvalidArgument("snapshot name is too long");
-  std::lock_guard flush_lock(img_.flush_mu_);
+  util::MutexLock flush_lock(img_.flush_mu_);
   TD_RETURN_IF_ERROR(img_.FlushAll());
   {
-    std::lock_guard lock(img_.mu_);
+    util::MutexLock lock(img_.mu_);
     TD_ASSIGN_OR_RETURN(TableOnDisk old, ReadTable(*img_.storage_, img_.header_));
     std::vector<Snapshot> snaps = old.snapshots;
     for (const Snapshot& s : snaps) {
@@ -359,9 +363,10 @@ Status SnapshotEditor::Create(const SnapshotCreateOptions& o) {
       StoreBe64(&l1_copy[i * 8], img_.l1_[i] & ~kCopied);
     TD_ASSIGN_OR_RETURN(sn.l1_table_offset, AllocateTable(l1_copy));
     l1_copy.resize(ClustersFor(l1_copy.size(), img_.cs()) * img_.cs(), 0);
-    TD_RETURN_IF_ERROR(ForEachReference(img_.l1_, [&](uint64_t off, uint64_t n) {
-      return img_.allocator_->AddRefcount(off, n, +1);
-    }));
+    TD_RETURN_IF_ERROR(
+        ForEachReference(img_.l1_, [&](uint64_t off, uint64_t n) TD_REQUIRES(img_.mu_) {
+          return img_.allocator_->AddRefcount(off, n, +1);
+        }));
     TD_RETURN_IF_ERROR(FixCopiedLocked(img_.l1_, &img_.l1_dirty_));
     snaps.push_back(sn);
     std::vector<uint8_t> table = EncodeSnapshotTable(snaps);
@@ -385,10 +390,10 @@ Status SnapshotEditor::Create(const SnapshotCreateOptions& o) {
 
 Status SnapshotEditor::Apply(const std::string& id_or_name) {
   TD_RETURN_IF_ERROR(CheckWritable());
-  std::lock_guard flush_lock(img_.flush_mu_);
+  util::MutexLock flush_lock(img_.flush_mu_);
   TD_RETURN_IF_ERROR(img_.FlushAll());
   {
-    std::lock_guard lock(img_.mu_);
+    util::MutexLock lock(img_.mu_);
     if (!img_.bitmap_dir_.empty()) {
       // The whole disk would change under them; qemu refuses the same.
       return Status::NotSupported(
@@ -414,9 +419,10 @@ Status SnapshotEditor::Apply(const std::string& id_or_name) {
     // 1. In memory: everything the snapshot reaches gets the active image's
     //    reference too (so all of it is shared and loses COPIED), and the
     //    new active L1 gets its own clusters.
-    TD_RETURN_IF_ERROR(ForEachReference(l1, [&](uint64_t off, uint64_t n) {
-      return img_.allocator_->AddRefcount(off, n, +1);
-    }));
+    TD_RETURN_IF_ERROR(
+        ForEachReference(l1, [&](uint64_t off, uint64_t n) TD_REQUIRES(img_.mu_) {
+          return img_.allocator_->AddRefcount(off, n, +1);
+        }));
     TD_RETURN_IF_ERROR(FixCopiedLocked(l1, nullptr));
     uint64_t l1_clusters = ClustersFor(std::max<uint64_t>(l1.size() * 8, 1), img_.cs());
     TD_ASSIGN_OR_RETURN(auto l1_space, img_.allocator_->AllocateClusters(l1_clusters));
@@ -436,10 +442,11 @@ Status SnapshotEditor::Apply(const std::string& id_or_name) {
     TD_RETURN_IF_ERROR(img_.FlushMetadataLocked());
     // 4. Rule: the old active tree loses its reference only now that
     //    nothing on disk points at it.
-    TD_RETURN_IF_ERROR(ForEachReference(old_l1, [&](uint64_t off, uint64_t n) {
-      img_.allocator_->DeferFree(off, n);
-      return Status::Ok();
-    }));
+    TD_RETURN_IF_ERROR(
+        ForEachReference(old_l1, [&](uint64_t off, uint64_t n) TD_REQUIRES(img_.mu_) {
+          img_.allocator_->DeferFree(off, n);
+          return Status::Ok();
+        }));
     if (old_l1_offset != 0 && !old_l1.empty()) {
       img_.allocator_->DeferFree(old_l1_offset,
                                  ClustersFor(old_l1.size() * 8, img_.cs()));
@@ -448,17 +455,17 @@ Status SnapshotEditor::Apply(const std::string& id_or_name) {
   TD_RETURN_IF_ERROR(FlushFrees());
   // The snapshot keeps its reference, so nothing the image uses can have
   // dropped to one; recomputing the flags costs a walk and guards that.
-  std::lock_guard lock(img_.mu_);
+  util::MutexLock lock(img_.mu_);
   TD_RETURN_IF_ERROR(FixCopiedLocked(img_.l1_, &img_.l1_dirty_));
   return img_.FlushMetadataLocked();
 }
 
 Status SnapshotEditor::Delete(const std::string& id_or_name) {
   TD_RETURN_IF_ERROR(CheckWritable());
-  std::lock_guard flush_lock(img_.flush_mu_);
+  util::MutexLock flush_lock(img_.flush_mu_);
   TD_RETURN_IF_ERROR(img_.FlushAll());
   {
-    std::lock_guard lock(img_.mu_);
+    util::MutexLock lock(img_.mu_);
     TD_ASSIGN_OR_RETURN(TableOnDisk old, ReadTable(*img_.storage_, img_.header_));
     std::vector<Snapshot> snaps = old.snapshots;
     int idx = FindSnapshot(snaps, id_or_name);
@@ -479,10 +486,11 @@ Status SnapshotEditor::Delete(const std::string& id_or_name) {
     const uint64_t old_offset = img_.header_.snapshots_offset;
     TD_RETURN_IF_ERROR(SwitchTableLocked(table_offset, uint32_t(snaps.size()), true));
     // 3. Nothing on disk points at the snapshot any more: release what it held.
-    TD_RETURN_IF_ERROR(ForEachReference(l1, [&](uint64_t off, uint64_t n) {
-      img_.allocator_->DeferFree(off, n);
-      return Status::Ok();
-    }));
+    TD_RETURN_IF_ERROR(
+        ForEachReference(l1, [&](uint64_t off, uint64_t n) TD_REQUIRES(img_.mu_) {
+          img_.allocator_->DeferFree(off, n);
+          return Status::Ok();
+        }));
     if (!l1.empty())
       img_.allocator_->DeferFree(sn.l1_table_offset,
                                  ClustersFor(l1.size() * 8, img_.cs()));
@@ -490,7 +498,7 @@ Status SnapshotEditor::Delete(const std::string& id_or_name) {
       img_.allocator_->DeferFree(old_offset, ClustersFor(old.bytes, img_.cs()));
   }
   TD_RETURN_IF_ERROR(img_.FlushAll());  // stage 5: refcounts lowered in memory
-  std::lock_guard lock(img_.mu_);
+  util::MutexLock lock(img_.mu_);
   // 4. Clusters the active image now holds alone get COPIED back; then the
   //    lowered refcounts, flags and L1 entries reach the disk in order, and
   //    the dirty bit goes.
