@@ -345,34 +345,34 @@ size_t Connection::Cost(const Request& r) const {
 }
 
 void Connection::Admit(size_t cost) {
-  std::unique_lock<std::mutex> lock(flow_mu_);
-  auto room = [&] {
+  util::UniqueLock lock(flow_mu_);
+  auto room = [&]() TD_REQUIRES(flow_mu_) {
     if (inflight_requests_ >= options_.max_inflight_requests) return false;
     return inflight_bytes_ == 0 || inflight_bytes_ + cost <= options_.max_inflight_bytes;
   };
   // Ring reads hold room that only this thread can give back (by reaping
   // them): wait on the ring while any are out, else on the workers.
   while (!room() && async_ && async_->pending() > 0) {
-    lock.unlock();
+    lock.Unlock();
     (void)async_->Submit();
     async_->Reap(/*wait_ms=*/10);
-    lock.lock();
+    lock.Lock();
   }
-  flow_cv_.wait(lock, room);
+  while (!room()) flow_cv_.Wait(flow_mu_);
   inflight_bytes_ += cost;
   ++inflight_requests_;
 }
 
 void Connection::Release(size_t cost) {
-  std::lock_guard<std::mutex> lock(flow_mu_);  // notify under it, as in Enqueue
+  util::MutexLock lock(flow_mu_);  // notify under it, as in Enqueue
   inflight_bytes_ -= cost;
   --inflight_requests_;
-  flow_cv_.notify_all();
+  flow_cv_.NotifyAll();
 }
 
 void Connection::WaitIdle() {
-  std::unique_lock<std::mutex> lock(flow_mu_);
-  flow_cv_.wait(lock, [&] { return inflight_requests_ == 0; });
+  util::MutexLock lock(flow_mu_);
+  while (inflight_requests_ != 0) flow_cv_.Wait(flow_mu_);
 }
 
 OutgoingReply Connection::Execute(const Request& r, std::span<const uint8_t> payload) {

@@ -58,12 +58,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -78,6 +76,8 @@
 #include "nbd/transmission_codec.h"
 #include "nbd/transport.h"
 #include "nbd/worker_pool.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::nbd {
 
@@ -234,28 +234,28 @@ class Connection {
 
   // The write mutex: guards the queue of replies waiting for the writer and
   // the right to write to out_fd_.
-  std::mutex write_mu_;
-  std::condition_variable write_cv_;
+  util::Mutex write_mu_;
+  util::CondVar write_cv_;
   struct Queued {
     OutgoingReply reply;
     size_t cost;
     size_t sent;  // bytes already written (a partial direct send)
   };
-  std::deque<Queued> replies_;  // guarded by write_mu_
-  bool sending_ = false;        // someone is writing to out_fd_; guarded by write_mu_
-  bool writer_stop_ = false;    // guarded by write_mu_
-  bool write_failed_ = false;   // guarded by write_mu_
+  std::deque<Queued> replies_ TD_GUARDED_BY(write_mu_);
+  bool sending_ TD_GUARDED_BY(write_mu_) = false;  // someone is writing to out_fd_
+  bool writer_stop_ TD_GUARDED_BY(write_mu_) = false;
+  bool write_failed_ TD_GUARDED_BY(write_mu_) = false;
   // Set with write_failed_: the reader stops taking requests whose replies
   // could never be sent (a vanished client's pipelined requests would
   // otherwise all still run, e.g. 2 GiB of reads behind 64 x 32 MiB).
   std::atomic<bool> replies_lost_{false};
-  bool direct_ok_ = true;       // out_fd_ takes non-blocking sends; guarded by write_mu_
+  bool direct_ok_ TD_GUARDED_BY(write_mu_) = true;  // out_fd_ takes non-blocking sends
   std::thread writer_;
 
-  std::mutex flow_mu_;
-  std::condition_variable flow_cv_;
-  size_t inflight_bytes_ = 0;     // guarded by flow_mu_
-  size_t inflight_requests_ = 0;  // guarded by flow_mu_
+  util::Mutex flow_mu_;
+  util::CondVar flow_cv_;
+  size_t inflight_bytes_ TD_GUARDED_BY(flow_mu_) = 0;
+  size_t inflight_requests_ TD_GUARDED_BY(flow_mu_) = 0;
 };
 
 }  // namespace thindisk::nbd

@@ -28,17 +28,17 @@ iovec Iov(const void* p, size_t n) { return iovec{const_cast<void*>(p), n}; }
 }  // namespace
 
 void Connection::Send(OutgoingReply reply, size_t cost) {
-  std::unique_lock<std::mutex> lock(write_mu_);
+  util::UniqueLock lock(write_mu_);
   if (sending_ || !replies_.empty() || !direct_ok_ || write_failed_) {
     // Notify under the lock: once the writer sends this reply, Run() may
     // return and destroy the connection, so this thread must be done with
     // write_cv_ before the writer can see the reply.
     replies_.push_back({std::move(reply), cost, 0});
-    write_cv_.notify_one();
+    write_cv_.NotifyOne();
     return;
   }
   sending_ = true;  // the socket is ours until we give it back
-  lock.unlock();
+  lock.Unlock();
   std::vector<iovec> iov;
   reply.AppendIovecs(&iov);
   const size_t total = IovBytes(iov);
@@ -58,11 +58,11 @@ void Connection::Send(OutgoingReply reply, size_t cost) {
   // the socket did not take) needs the writer to finish: an empty reply
   // makes it call WriteAllV, which sends them first.
   const bool unsent = error.ok() && sent == total && transport_->HasUnsent();
-  lock.lock();
+  lock.Lock();
   sending_ = false;
   if (unsent) {
     replies_.push_back({OutgoingReply(), 0, 0});
-    write_cv_.notify_one();
+    write_cv_.NotifyOne();
   }
   if (error.code() == Code::kNotSupported) {
     direct_ok_ = false;  // not a socket: blocking writes on the writer only
@@ -73,11 +73,11 @@ void Connection::Send(OutgoingReply reply, size_t cost) {
   if (sent < total && (error.ok() || error.code() == Code::kNotSupported)) {
     // The rest of this reply must go before any other.
     replies_.push_front({std::move(reply), cost, sent});
-    write_cv_.notify_one();
+    write_cv_.NotifyOne();
     return;
   }
-  if (!replies_.empty()) write_cv_.notify_one();
-  lock.unlock();
+  if (!replies_.empty()) write_cv_.NotifyOne();
+  lock.Unlock();
   if (!error.ok()) {
     Log("nbd: cannot send reply: " + error.message());
     // Wake the reader if out_fd_ is a socket: there is no one to answer.
@@ -91,8 +91,8 @@ void Connection::WriterLoop() {
     std::deque<Queued> batch;
     bool failed;
     {
-      std::unique_lock<std::mutex> lock(write_mu_);
-      write_cv_.wait(lock, [&] { return !sending_ && (writer_stop_ || !replies_.empty()); });
+      util::MutexLock lock(write_mu_);
+      while (sending_ || (!writer_stop_ && replies_.empty())) write_cv_.Wait(write_mu_);
       if (replies_.empty()) return;  // stopping, and nothing is owed
       batch.swap(replies_);
       sending_ = true;
@@ -105,7 +105,7 @@ void Connection::WriterLoop() {
     AdvanceIov(&iov, batch.front().sent);
     Status s = failed ? Status::Ok() : transport_->WriteAllV(iov);
     {
-      std::lock_guard<std::mutex> lock(write_mu_);
+      util::MutexLock lock(write_mu_);
       sending_ = false;
       if (!s.ok()) {
         write_failed_ = true;
@@ -124,10 +124,10 @@ void Connection::WriterLoop() {
 void Connection::StopWriter() {
   if (!writer_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    util::MutexLock lock(write_mu_);
     writer_stop_ = true;
   }
-  write_cv_.notify_one();
+  write_cv_.NotifyOne();
   writer_.join();
 }
 

@@ -1,10 +1,12 @@
 #include "nbd/payload_buffer.h"
 
-#include <mutex>
 #include <new>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::nbd {
 namespace {
@@ -26,7 +28,7 @@ class PayloadCache {
 
   uint8_t* Take(size_t capacity) {
     {
-      std::lock_guard lock(mu_);
+      util::MutexLock lock(mu_);
       auto it = free_.find(capacity);
       if (it != free_.end()) {
         uint8_t* p = it->second.back();
@@ -45,7 +47,7 @@ class PayloadCache {
     std::vector<uint8_t*> evicted;
     bool kept = false;
     {
-      std::lock_guard lock(mu_);
+      util::MutexLock lock(mu_);
       // Full: make room by dropping buffers of other sizes.
       for (auto it = free_.begin(); cached_bytes_ + capacity > kPayloadCacheBytes &&
                                     it != free_.end();) {
@@ -73,16 +75,17 @@ class PayloadCache {
   }
 
   PayloadCacheStats Stats() {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     return {cached_bytes_, cached_buffers_, reuses_};
   }
 
  private:
-  std::mutex mu_;
-  std::unordered_map<size_t, std::vector<uint8_t*>> free_;  // capacity -> buffers
-  size_t cached_bytes_ = 0;
-  size_t cached_buffers_ = 0;
-  uint64_t reuses_ = 0;
+  util::Mutex mu_;
+  std::unordered_map<size_t, std::vector<uint8_t*>> free_
+      TD_GUARDED_BY(mu_);  // capacity -> buffers
+  size_t cached_bytes_ TD_GUARDED_BY(mu_) = 0;
+  size_t cached_buffers_ TD_GUARDED_BY(mu_) = 0;
+  uint64_t reuses_ TD_GUARDED_BY(mu_) = 0;
 };
 
 size_t RoundUp(size_t size) { return (size + kPayloadAlign - 1) & ~(kPayloadAlign - 1); }

@@ -80,11 +80,11 @@ Server::~Server() {
   RequestShutdown();
   {
     // Connections waiting for a session slot see shutting_down_ and end.
-    std::lock_guard<std::mutex> lock(mu_);
-    slot_cv_.notify_all();
+    util::MutexLock lock(mu_);
+    slot_cv_.NotifyAll();
   }
   ReapFinished(/*all=*/true);
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   for (const Listener& l : listeners_) {
     close(l.fd);
     if (!l.unix_path.empty()) unlink(l.unix_path.c_str());
@@ -101,7 +101,7 @@ size_t Server::NegotiatingCap() const {
 
 Status Server::ListenUnix(const std::string& path) {
   TD_ASSIGN_OR_RETURN(int fd, nbd::ListenUnix(path));
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   listeners_.push_back({fd, path});
   return Status::Ok();
 }
@@ -110,14 +110,14 @@ Status Server::ListenTcp(const std::string& host, uint16_t port) {
   TD_ASSIGN_OR_RETURN(int fd, nbd::ListenTcp(host, port));
   Result<uint16_t> bound = BoundPort(fd);
   if (bound.has_value()) tcp_port_ = *bound;
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   listeners_.push_back({fd, ""});
   return Status::Ok();
 }
 
 Status Server::AdoptListener(int fd) {
   if (fd < 0) return Status::InvalidArgument("bad listener fd");
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   listeners_.push_back({fd, ""});
   return Status::Ok();
 }
@@ -127,7 +127,7 @@ void Server::AddConnection(int in_fd, int out_fd, bool owns_fds) {
   const bool cuttable = IsSocket(in_fd);
   std::vector<std::string> notes;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    util::MutexLock lock(mu_);
     // 1. Make room: at the negotiating cap the oldest negotiator goes.
     //    Connections that cannot be cut (pipes) are passed over; if only
     //    they negotiate, the newcomer is admitted past the cap.
@@ -162,12 +162,12 @@ void Server::AddConnection(int in_fd, int out_fd, bool owns_fds) {
       {
         // Closed under mu_ together with kDone, so Cut and DrainConnections
         // never shut down a descriptor number that has been reused.
-        std::lock_guard<std::mutex> l(mu_);
+        util::MutexLock l(mu_);
         if (owns_fds) {
           close(in_fd);
           if (out_fd != in_fd) close(out_fd);
         }
-        if (self->phase == Phase::kEstablished) slot_cv_.notify_all();  // a slot freed
+        if (self->phase == Phase::kEstablished) slot_cv_.NotifyAll();  // a slot freed
         SetPhase(self, Phase::kDone);
       }
       Signal(wake_fd_);
@@ -178,12 +178,11 @@ void Server::AddConnection(int in_fd, int out_fd, bool owns_fds) {
 }
 
 bool Server::EnterTransmission(ConnectionThread* c) {
-  std::unique_lock<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   // Finishing the handshake while every session slot is taken (several
   // clients were negotiating when the last slot went) waits for a slot.
-  slot_cv_.wait(lock, [&] {
-    return c->phase != Phase::kNegotiating || shutting_down_.load() || !SessionsFull();
-  });
+  while (c->phase == Phase::kNegotiating && !shutting_down_.load() && SessionsFull())
+    slot_cv_.Wait(mu_);
   if (c->phase != Phase::kNegotiating || shutting_down_.load()) return false;
   SetPhase(c, Phase::kEstablished);
   return true;
@@ -206,7 +205,7 @@ void Server::Cut(ConnectionThread* c, const std::string& why,
   (void)shutdown(c->in_fd, SHUT_RDWR);
   if (c->out_fd != c->in_fd) (void)shutdown(c->out_fd, SHUT_RDWR);
   SetPhase(c, Phase::kClosing);
-  slot_cv_.notify_all();  // in case it waits for a session slot
+  slot_cv_.NotifyAll();  // in case it waits for a session slot
   notes->push_back("nbd: connection " + std::to_string(c->number) + " from " + c->peer +
                    " dropped: " + why);
 }
@@ -251,7 +250,7 @@ void Server::AcceptFrom(int listen_fd) {
 void Server::ReapFinished(bool all) {
   std::list<ConnectionThread> finished;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    util::MutexLock lock(mu_);
     for (auto it = connections_.begin(); it != connections_.end();) {
       auto next = std::next(it);
       if (all || it->phase == Phase::kDone)
@@ -261,7 +260,7 @@ void Server::ReapFinished(bool all) {
   }
   for (ConnectionThread& c : finished) c.thread.join();
   // Joined: each thread set kDone on its way out (under mu_).
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   in_phase_[size_t(Phase::kDone)] -= finished.size();
 }
 
@@ -273,7 +272,7 @@ Status Server::Run() {
     int timeout_ms = -1;
     std::vector<std::string> notes;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      util::MutexLock lock(mu_);
       const bool idle = connections_.empty();
       first_done = first_done || (connections_started_ > 0 && idle);
       if (shutting_down_.load()) break;
@@ -308,8 +307,8 @@ Status Server::Run() {
   //    shutdown_fd_), wait for their in-flight requests, flush.
   RequestShutdown();
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    slot_cv_.notify_all();  // connections waiting for a session slot end
+    util::MutexLock lock(mu_);
+    slot_cv_.NotifyAll();  // connections waiting for a session slot end
     for (const Listener& l : listeners_) {
       close(l.fd);
       if (!l.unix_path.empty()) unlink(l.unix_path.c_str());
@@ -327,7 +326,7 @@ void Server::DrainConnections() {
     ReapFinished(/*all=*/false);
     const auto now = std::chrono::steady_clock::now();
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      util::MutexLock lock(mu_);
       if (connections_.empty()) return;
       if (now >= deadline) {
         for (const ConnectionThread& c : connections_) {

@@ -57,12 +57,10 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,7 +68,9 @@
 #include "nbd/connection.h"
 #include "nbd/export.h"
 #include "nbd/worker_pool.h"
+#include "util/mutex.h"
 #include "util/result.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::nbd {
 
@@ -171,16 +171,16 @@ class Server {
   // The connection's EnterTransmission (connection.h): waits for a session
   // slot; false when the connection was cut meanwhile or shutdown began.
   bool EnterTransmission(ConnectionThread* c);
-  // REQUIRES: mu_ held (these five).
-  void SetPhase(ConnectionThread* c, Phase phase);
-  size_t Count(Phase phase) const { return in_phase_[size_t(phase)]; }
-  bool SessionsFull() const;
+  void SetPhase(ConnectionThread* c, Phase phase) TD_REQUIRES(mu_);
+  size_t Count(Phase phase) const TD_REQUIRES(mu_) { return in_phase_[size_t(phase)]; }
+  bool SessionsFull() const TD_REQUIRES(mu_);
   // Shuts c's socket down and marks it closing; the line for the log goes
   // to *notes (logged once mu_ is released).
-  void Cut(ConnectionThread* c, const std::string& why, std::vector<std::string>* notes);
+  void Cut(ConnectionThread* c, const std::string& why, std::vector<std::string>* notes)
+      TD_REQUIRES(mu_);
   // Cuts every negotiating connection past handshake_timeout; returns the
   // milliseconds until the next one is due (-1: none).
-  int ExpireHandshakes(std::vector<std::string>* notes);
+  int ExpireHandshakes(std::vector<std::string>* notes) TD_REQUIRES(mu_);
   void Log(const std::vector<std::string>& notes) const;
   // Waits up to drain_timeout for connections to end, then cuts the
   // sockets of those that have not.
@@ -198,14 +198,14 @@ class Server {
   std::atomic<uint16_t> tcp_port_{0};
   WorkerPool pool_;
 
-  std::mutex mu_;
-  std::vector<Listener> listeners_;          // guarded by mu_
-  std::list<ConnectionThread> connections_;  // guarded by mu_; in order of arrival
-  size_t connections_started_ = 0;           // guarded by mu_
-  std::array<size_t, 4> in_phase_{};         // connections_ per Phase; guarded by mu_
+  util::Mutex mu_;
+  std::vector<Listener> listeners_ TD_GUARDED_BY(mu_);
+  std::list<ConnectionThread> connections_ TD_GUARDED_BY(mu_);  // in order of arrival
+  size_t connections_started_ TD_GUARDED_BY(mu_) = 0;
+  std::array<size_t, 4> in_phase_ TD_GUARDED_BY(mu_){};  // connections_ per Phase
   // Notified (under mu_) when a session slot frees, a connection is cut or
   // shutdown begins: what EnterTransmission waits for.
-  std::condition_variable slot_cv_;
+  util::CondVar slot_cv_;
 };
 
 // What `thindisk serve` asks for. With none of unix_socket, tcp, stdio and

@@ -13,13 +13,14 @@
 // every task already submitted, then joins the threads.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::nbd {
 
@@ -45,10 +46,10 @@ class WorkerPool {
  private:
   void Loop();
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;  // guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
+  util::Mutex mu_;
+  util::CondVar cv_;
+  std::deque<std::function<void()>> tasks_ TD_GUARDED_BY(mu_);
+  bool stopping_ TD_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 
