@@ -60,7 +60,7 @@ Status FaultyStorage::DeadDiskCheck(const char* op) {
 
 void FaultyStorage::Announce(Event e) {
   event_counts_[int(e)].fetch_add(1);
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   if (!event_armed_ || e != event_fault_.event) return;
   if (--event_countdown_ > 0) return;
   event_armed_ = false;
@@ -72,7 +72,7 @@ void FaultyStorage::Announce(Event e) {
 }
 
 void FaultyStorage::FailAtEvent(const EventFault& fault) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   event_fault_ = fault;
   event_armed_ = true;
   event_countdown_ = std::max<uint64_t>(fault.nth, 1);
@@ -80,7 +80,7 @@ void FaultyStorage::FailAtEvent(const EventFault& fault) {
 }
 
 bool FaultyStorage::event_fault_fired() {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   return event_fired_;
 }
 
@@ -99,24 +99,24 @@ Status FaultyStorage::EventFaultCheck(const char* op) {
 }
 
 void FaultyStorage::FailNthWrite(uint64_t n, int error, bool persistent) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   write_fault_ = Trigger{true, std::max<uint64_t>(n, 1), error, persistent, false};
 }
 
 void FaultyStorage::FailNthFlush(uint64_t n, int error, bool persistent) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   flush_fault_ = Trigger{true, std::max<uint64_t>(n, 1), error, persistent, false};
 }
 
 void FaultyStorage::FailAfterBytes(uint64_t n) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   space_limited_ = true;
   space_exhausted_ = false;
   space_left_ = n;
 }
 
 void FaultyStorage::ClearFaults() {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   write_fault_ = Trigger{};
   flush_fault_ = Trigger{};
   space_limited_ = false;
@@ -126,7 +126,7 @@ void FaultyStorage::ClearFaults() {
 }
 
 size_t FaultyStorage::unflushed_ops() {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   return unflushed_.size();
 }
 
@@ -135,7 +135,7 @@ Status FaultyStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
 }
 
 Status FaultyStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   TD_RETURN_IF_ERROR(EventFaultCheck("write"));
   if (int e = Tick(write_fault_); e != 0) return Injected(e, "write");
   if (space_limited_) {
@@ -155,7 +155,7 @@ Status FaultyStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
 }
 
 Status FaultyStorage::Flush() {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   if (event_frozen_) return Injected(event_fault_.error, "flush");
   if (int e = Tick(flush_fault_); e != 0) return Injected(e, "flush");
   TD_RETURN_IF_ERROR(base_->Flush());
@@ -169,7 +169,7 @@ Status FaultyStorage::Flush() {
 Result<uint64_t> FaultyStorage::Size() { return base_->Size(); }
 
 Status FaultyStorage::Resize(uint64_t size) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   TD_RETURN_IF_ERROR(DeadDiskCheck("resize"));
   TD_RETURN_IF_ERROR(EventFaultCheck("resize"));
   TD_RETURN_IF_ERROR(base_->Resize(size));
@@ -178,7 +178,7 @@ Status FaultyStorage::Resize(uint64_t size) {
 }
 
 Status FaultyStorage::Allocate(uint64_t offset, uint64_t length) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   TD_RETURN_IF_ERROR(DeadDiskCheck("allocate"));
   TD_RETURN_IF_ERROR(EventFaultCheck("allocate"));
   if (space_limited_ && (space_exhausted_ || length > space_left_)) {
@@ -192,7 +192,7 @@ Status FaultyStorage::Allocate(uint64_t offset, uint64_t length) {
 }
 
 Status FaultyStorage::PunchHole(uint64_t offset, uint64_t length) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   TD_RETURN_IF_ERROR(DeadDiskCheck("punch"));
   TD_RETURN_IF_ERROR(EventFaultCheck("punch"));
   TD_RETURN_IF_ERROR(base_->PunchHole(offset, length));
@@ -201,7 +201,7 @@ Status FaultyStorage::PunchHole(uint64_t offset, uint64_t length) {
 }
 
 Status FaultyStorage::ZeroRange(uint64_t offset, uint64_t length) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   TD_RETURN_IF_ERROR(DeadDiskCheck("zero range"));
   TD_RETURN_IF_ERROR(EventFaultCheck("zero range"));
   TD_RETURN_IF_ERROR(base_->ZeroRange(offset, length));
@@ -233,7 +233,7 @@ Status FaultyStorage::Apply(MemoryStorage& target, const Op& op, uint64_t write_
 
 Result<std::unique_ptr<MemoryStorage>> FaultyStorage::SimulatePowerLoss(PowerLossMode mode,
                                                                          uint64_t seed) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   auto out = durable_->Clone();
   std::mt19937_64 rng(seed);
 

@@ -49,13 +49,14 @@
 #include <cerrno>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "io/memory_storage.h"
 #include "io/storage.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::io {
 
@@ -137,14 +138,13 @@ class FaultyStorage final : public Storage {
     bool fired = false;  // persistent and already fired: fail everything
   };
 
-  // Counts one call against `t`; returns the errno to fail with, or 0.
-  // REQUIRES: mu_ held.
+  // Counts one call against `t` (a member guarded by mu_); returns the
+  // errno to fail with, or 0.
   static int Tick(Trigger& t);
   // Fails non-write mutations once a persistent write fault has fired.
-  // REQUIRES: mu_ held.
-  Status DeadDiskCheck(const char* op);
-  // Fails a mutation per the event fault, if one is due. REQUIRES: mu_ held.
-  Status EventFaultCheck(const char* op);
+  Status DeadDiskCheck(const char* op) TD_REQUIRES(mu_);
+  // Fails a mutation per the event fault, if one is due.
+  Status EventFaultCheck(const char* op) TD_REQUIRES(mu_);
   Status Injected(int error, const char* op);
   static Status Apply(MemoryStorage& target, const Op& op, uint64_t write_limit);
 
@@ -155,21 +155,21 @@ class FaultyStorage final : public Storage {
   std::atomic<uint64_t> faults_{0};
   std::atomic<uint64_t> event_counts_[kEventCount] = {};
 
-  std::mutex mu_;
-  std::unique_ptr<MemoryStorage> durable_;  // guarded by mu_
-  std::vector<Op> unflushed_;               // guarded by mu_
-  Trigger write_fault_;                     // guarded by mu_
-  Trigger flush_fault_;                     // guarded by mu_
-  EventFault event_fault_;                  // guarded by mu_
-  bool event_armed_ = false;                // guarded by mu_: waiting for the n-th event
-  uint64_t event_countdown_ = 0;            // guarded by mu_
-  bool event_pending_ = false;              // guarded by mu_: next mutation fails
-  bool event_dead_ = false;                 // guarded by mu_: every mutation fails
-  bool event_frozen_ = false;               // guarded by mu_: every Flush fails
-  bool event_fired_ = false;                // guarded by mu_
-  bool space_limited_ = false;              // guarded by mu_
-  bool space_exhausted_ = false;            // guarded by mu_
-  uint64_t space_left_ = 0;                 // guarded by mu_
+  util::Mutex mu_;
+  std::unique_ptr<MemoryStorage> durable_ TD_GUARDED_BY(mu_);
+  std::vector<Op> unflushed_ TD_GUARDED_BY(mu_);
+  Trigger write_fault_ TD_GUARDED_BY(mu_);
+  Trigger flush_fault_ TD_GUARDED_BY(mu_);
+  EventFault event_fault_ TD_GUARDED_BY(mu_);
+  bool event_armed_ TD_GUARDED_BY(mu_) = false;  // waiting for the n-th event
+  uint64_t event_countdown_ TD_GUARDED_BY(mu_) = 0;
+  bool event_pending_ TD_GUARDED_BY(mu_) = false;  // next mutation fails
+  bool event_dead_ TD_GUARDED_BY(mu_) = false;     // every mutation fails
+  bool event_frozen_ TD_GUARDED_BY(mu_) = false;   // every Flush fails
+  bool event_fired_ TD_GUARDED_BY(mu_) = false;
+  bool space_limited_ TD_GUARDED_BY(mu_) = false;
+  bool space_exhausted_ TD_GUARDED_BY(mu_) = false;
+  uint64_t space_left_ TD_GUARDED_BY(mu_) = 0;
 };
 
 // Wraps `base`, copying its current content as the initial durable state

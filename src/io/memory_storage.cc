@@ -24,7 +24,7 @@ std::unique_ptr<MemoryStorage> NewMemoryStorage(std::string name) {
 
 Status MemoryStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
   TD_RETURN_IF_ERROR(CheckRange(name_, offset, buf.size()));
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   uint64_t pos = offset;
   size_t done = 0;
   while (done < buf.size()) {
@@ -47,7 +47,7 @@ Status MemoryStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
 
 Status MemoryStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
   TD_RETURN_IF_ERROR(CheckRange(name_, offset, buf.size()));
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   uint64_t pos = offset;
   size_t done = 0;
   while (done < buf.size()) {
@@ -68,13 +68,13 @@ Status MemoryStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
 Status MemoryStorage::Flush() { return Status::Ok(); }
 
 Result<uint64_t> MemoryStorage::Size() {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   return size_;
 }
 
 Status MemoryStorage::Resize(uint64_t size) {
   TD_RETURN_IF_ERROR(CheckRange(name_, size, 0));
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   if (size < size_) ZeroLocked(size, size_ - size);  // keeps the invariant
   size_ = size;
   return Status::Ok();
@@ -82,21 +82,21 @@ Status MemoryStorage::Resize(uint64_t size) {
 
 Status MemoryStorage::Allocate(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(CheckRange(name_, offset, length));
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   size_ = std::max(size_, offset + length);
   return Status::Ok();
 }
 
 Status MemoryStorage::PunchHole(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(CheckRange(name_, offset, length));
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   ZeroLocked(offset, length);
   return Status::Ok();
 }
 
 Status MemoryStorage::ZeroRange(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(CheckRange(name_, offset, length));
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   ZeroLocked(offset, length);
   size_ = std::max(size_, offset + length);
   bytes_written_ += length;
@@ -120,7 +120,7 @@ void MemoryStorage::ZeroLocked(uint64_t offset, uint64_t length) {
 }
 
 Result<uint64_t> MemoryStorage::NextData(uint64_t offset) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   if (offset >= size_) return size_;
   auto it = chunks_.lower_bound(offset / kChunkSize);
   if (it == chunks_.end()) return size_;
@@ -128,7 +128,7 @@ Result<uint64_t> MemoryStorage::NextData(uint64_t offset) {
 }
 
 Result<uint64_t> MemoryStorage::NextHole(uint64_t offset) {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   if (offset >= size_) return size_;
   uint64_t index = offset / kChunkSize;
   auto it = chunks_.find(index);
@@ -143,14 +143,14 @@ Result<uint64_t> MemoryStorage::NextHole(uint64_t offset) {
 Result<uint64_t> MemoryStorage::AllocatedBytes() { return uint64_t{ChunkCount()} * kChunkSize; }
 
 size_t MemoryStorage::ChunkCount() {
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
   return chunks_.size();
 }
 
 std::vector<uint8_t> MemoryStorage::Contents() {
   uint64_t size;
   {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     size = size_;
   }
   std::vector<uint8_t> out(size);
@@ -161,7 +161,9 @@ std::vector<uint8_t> MemoryStorage::Contents() {
 
 std::unique_ptr<MemoryStorage> MemoryStorage::Clone() {
   auto copy = NewMemoryStorage(name_);
-  std::lock_guard lock(mu_);
+  util::MutexLock lock(mu_);
+  // No one else has the copy yet: its lock keeps the contract at no cost.
+  util::MutexLock copy_lock(copy->mu_);
   copy->size_ = size_;
   for (const auto& [index, chunk] : chunks_) {
     Chunk c(new uint8_t[kChunkSize]);

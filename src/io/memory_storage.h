@@ -22,12 +22,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "io/storage.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::io {
 
@@ -66,15 +67,16 @@ class MemoryStorage final : public Storage {
   using Chunk = std::unique_ptr<uint8_t[]>;
 
   // Zeros [offset, offset+length) clipped to held chunks: whole chunks are
-  // dropped, partial ones zeroed. REQUIRES: mu_ held.
-  void ZeroLocked(uint64_t offset, uint64_t length);
+  // dropped, partial ones zeroed.
+  void ZeroLocked(uint64_t offset, uint64_t length) TD_REQUIRES(mu_);
 
   const std::string name_;
   std::atomic<uint64_t> bytes_written_{0};
 
-  std::mutex mu_;
-  uint64_t size_ = 0;               // guarded by mu_
-  std::map<uint64_t, Chunk> chunks_;  // chunk index -> kChunkSize bytes; guarded by mu_
+  util::Mutex mu_;
+  uint64_t size_ TD_GUARDED_BY(mu_) = 0;
+  // Chunk index -> kChunkSize bytes.
+  std::map<uint64_t, Chunk> chunks_ TD_GUARDED_BY(mu_);
 };
 
 std::unique_ptr<MemoryStorage> NewMemoryStorage(std::string name = "memory");

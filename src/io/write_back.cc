@@ -71,20 +71,19 @@ WriteBack::WriteBack(BatchWriter writer, Limits limits)
 
 WriteBack::~WriteBack() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    util::MutexLock lock(mu_);
     stopping_ = true;
   }
-  work_cv_.notify_all();
-  space_cv_.notify_all();
+  work_cv_.NotifyAll();
+  space_cv_.NotifyAll();
   thread_.join();
 }
 
 Status WriteBack::Add(uint64_t offset, std::span<const uint8_t> data) {
   if (data.empty()) return Status::Ok();
   std::vector<uint8_t> copy(data.begin(), data.end());  // outside the lock
-  std::unique_lock<std::mutex> lock(mu_);
-  space_cv_.wait(
-      lock, [this] { return dirty_bytes_ < limits_.limit || !error_.ok() || stopping_; });
+  util::UniqueLock lock(mu_);
+  while (dirty_bytes_ >= limits_.limit && error_.ok() && !stopping_) space_cv_.Wait(mu_);
   if (!error_.ok()) return error_;
   const uint64_t before = dirty_bytes_;
   Erase(dirty_, dirty_bytes_, offset, EndOf(offset, data.size()));
@@ -95,15 +94,15 @@ Status WriteBack::Add(uint64_t offset, std::span<const uint8_t> data) {
   // crossing `start`; not of every write.
   const bool wake =
       before == 0 || (before < limits_.start && dirty_bytes_ >= limits_.start);
-  lock.unlock();
-  if (wake) work_cv_.notify_one();
+  lock.Unlock();
+  if (wake) work_cv_.NotifyOne();
   return Status::Ok();
 }
 
 WriteBack::Held WriteBack::Collect(uint64_t offset, uint64_t length) const {
   Held held;
   const uint64_t end = EndOf(offset, length);
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   // Older first: Apply lays them in this order.
   CollectFrom(writing_, offset, end, held);
   CollectFrom(dirty_, offset, end, held);
@@ -117,65 +116,71 @@ void WriteBack::Apply(const Held& held, uint64_t offset, std::span<uint8_t> buf)
 }
 
 void WriteBack::Forget(uint64_t offset, uint64_t length) {
-  std::lock_guard<std::mutex> batch(wb_mu_);  // the batch in progress ends first
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock batch(wb_mu_);  // the batch in progress ends first
+  util::MutexLock lock(mu_);
   Erase(dirty_, dirty_bytes_, offset, EndOf(offset, length));
 }
 
 Status WriteBack::Drain() {
   {
-    std::lock_guard<std::mutex> batch(wb_mu_);
+    util::MutexLock batch(wb_mu_);
     WriteBatchLocked();
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   return error_;
 }
 
 uint64_t WriteBack::held_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   return dirty_bytes_ + writing_bytes_;
 }
 
 void WriteBack::WriteBatchLocked() {
+  const Extents* batch = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    util::MutexLock lock(mu_);
     if (dirty_.empty()) return;
     writing_.swap(dirty_);  // writing_ is empty between batches
     writing_bytes_ = dirty_bytes_;
     dirty_bytes_ = 0;
+    batch = &writing_;
   }
-  space_cv_.notify_all();
+  space_cv_.NotifyAll();
   // writing_ changes only under wb_mu_, which this thread holds: the writer
-  // reads it without mu_.
-  Status st = writer_(writing_);
-  std::lock_guard<std::mutex> lock(mu_);
+  // reads it without mu_ (through a pointer taken under it, since the
+  // analysis knows one guard per member).
+  Status st = writer_(*batch);
+  util::MutexLock lock(mu_);
   writing_.clear();
   writing_bytes_ = 0;
   if (!st.ok() && error_.ok()) error_ = std::move(st);
 }
 
 void WriteBack::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  util::UniqueLock lock(mu_);
   while (!stopping_) {
     if (dirty_bytes_ == 0) {
-      work_cv_.wait(lock, [this] { return stopping_ || dirty_bytes_ > 0; });
+      while (!stopping_ && dirty_bytes_ == 0) work_cv_.Wait(mu_);
       continue;
     }
     if (dirty_bytes_ < limits_.start) {
       // Not enough to start a batch yet: wait until the oldest byte is due,
       // unless more arrives (or a drain empties the buffer) first.
-      const bool woken =
-          work_cv_.wait_until(lock, dirty_since_ + limits_.max_age, [this] {
-            return stopping_ || dirty_bytes_ == 0 || dirty_bytes_ >= limits_.start;
-          });
-      if (woken) continue;
+      auto woken = [this]() TD_REQUIRES(mu_) {
+        return stopping_ || dirty_bytes_ == 0 || dirty_bytes_ >= limits_.start;
+      };
+      const auto due = dirty_since_ + limits_.max_age;
+      while (!woken()) {
+        if (!work_cv_.WaitUntil(mu_, due)) break;  // the oldest byte is due
+      }
+      if (woken()) continue;
     }
-    lock.unlock();
+    lock.Unlock();
     {
-      std::lock_guard<std::mutex> batch(wb_mu_);
+      util::MutexLock batch(wb_mu_);
       WriteBatchLocked();
     }
-    lock.lock();
+    lock.Lock();
   }
 }
 

@@ -32,17 +32,17 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <span>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "util/mutex.h"
 #include "util/status.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::io {
 
@@ -91,24 +91,26 @@ class WriteBack {
   uint64_t held_bytes() const;
 
  private:
-  // Writes back what dirty_ holds as one batch; the caller holds wb_mu_.
-  void WriteBatchLocked();
+  // Writes back what dirty_ holds as one batch.
+  void WriteBatchLocked() TD_REQUIRES(wb_mu_);
   void Run();
 
   const BatchWriter writer_;
   const Limits limits_;
 
-  std::mutex wb_mu_;  // one batch at a time; taken before mu_
-  mutable std::mutex mu_;
-  std::condition_variable work_cv_;   // the thread: something to write back
-  std::condition_variable space_cv_;  // writers: dirty_ was taken
-  Extents dirty_;                     // guarded by mu_
-  Extents writing_;                   // guarded by mu_ (read-only while a batch runs)
-  uint64_t dirty_bytes_ = 0;          // guarded by mu_
-  uint64_t writing_bytes_ = 0;        // guarded by mu_
-  std::chrono::steady_clock::time_point dirty_since_;  // guarded by mu_
-  Status error_;           // guarded by mu_: the first failed batch
-  bool stopping_ = false;  // guarded by mu_
+  util::Mutex wb_mu_;  // one batch at a time; taken before mu_
+  mutable util::Mutex mu_;
+  util::CondVar work_cv_;   // the thread: something to write back
+  util::CondVar space_cv_;  // writers: dirty_ was taken
+  Extents dirty_ TD_GUARDED_BY(mu_);
+  // Changed only with wb_mu_ held too, so the batch that holds wb_mu_
+  // reads it without mu_ (WriteBatchLocked).
+  Extents writing_ TD_GUARDED_BY(mu_);
+  uint64_t dirty_bytes_ TD_GUARDED_BY(mu_) = 0;
+  uint64_t writing_bytes_ TD_GUARDED_BY(mu_) = 0;
+  std::chrono::steady_clock::time_point dirty_since_ TD_GUARDED_BY(mu_);
+  Status error_ TD_GUARDED_BY(mu_);  // the first failed batch
+  bool stopping_ TD_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

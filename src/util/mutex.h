@@ -84,11 +84,12 @@ class CondVar {
     cv_.wait(hold);
     hold.release();
   }
-  // False when `timeout` passed without a notification.
-  template <class Rep, class Period>
-  bool WaitFor(Mutex& mu, std::chrono::duration<Rep, Period> timeout) TD_REQUIRES(mu) {
+  // False when `deadline` passed without a notification.
+  template <class Clock, class Duration>
+  bool WaitUntil(Mutex& mu, std::chrono::time_point<Clock, Duration> deadline)
+      TD_REQUIRES(mu) {
     std::unique_lock<std::mutex> hold(mu.mu_, std::adopt_lock);
-    const std::cv_status st = cv_.wait_for(hold, timeout);
+    const std::cv_status st = cv_.wait_until(hold, deadline);
     hold.release();
     return st == std::cv_status::no_timeout;
   }
