@@ -5,6 +5,9 @@
 #include <mutex>
 #include <thread>
 
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
+
 namespace thindisk::cli {
 namespace {
 
@@ -16,7 +19,7 @@ class ChunkQueue {
  public:
   explicit ChunkQueue(const std::vector<ByteRange>& ranges) : ranges_(ranges) {}
   bool Next(ByteRange* chunk) {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     while (index_ < ranges_.size() && done_in_range_ >= ranges_[index_].length) {
       ++index_;
       done_in_range_ = 0;
@@ -29,16 +32,16 @@ class ChunkQueue {
     return true;
   }
   void Stop() {
-    std::lock_guard lock(mu_);
+    util::MutexLock lock(mu_);
     stop_ = true;
   }
 
  private:
   const std::vector<ByteRange>& ranges_;
-  std::mutex mu_;
-  size_t index_ = 0;            // guarded by mu_
-  uint64_t done_in_range_ = 0;  // guarded by mu_
-  bool stop_ = false;           // guarded by mu_
+  util::Mutex mu_;
+  size_t index_ TD_GUARDED_BY(mu_) = 0;
+  uint64_t done_in_range_ TD_GUARDED_BY(mu_) = 0;
+  bool stop_ TD_GUARDED_BY(mu_) = false;
 };
 
 bool AllZero(const uint8_t* p, uint64_t n) {

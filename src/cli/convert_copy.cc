@@ -15,6 +15,8 @@
 
 #include "qcow2/image.h"
 #include "qcow2/measure.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::cli {
 namespace {
@@ -58,7 +60,7 @@ class Converter {
   // The unreadable ranges --salvage met, sorted, touching ones with the
   // same error merged; taken once, after the copy.
   std::vector<UnreadableRange> TakeUnreadable() {
-    std::lock_guard<std::mutex> lock(unreadable_mu_);
+    util::MutexLock lock(unreadable_mu_);
     std::sort(unreadable_.begin(), unreadable_.end(),
               [](const UnreadableRange& a, const UnreadableRange& b) {
                 return a.offset < b.offset;
@@ -358,7 +360,7 @@ class Converter {
     const uint64_t first_boundary = (offset / kSalvageSector + 1) * kSalvageSector;
     if (first_boundary >= end) {  // within one sector: lost
       std::fill(buf.begin(), buf.end(), uint8_t{0});
-      std::lock_guard<std::mutex> lock(unreadable_mu_);
+      util::MutexLock lock(unreadable_mu_);
       // The errno's text when there is one, so neighbours merge: the
       // message names each request's offset.
       unreadable_.push_back(
@@ -429,8 +431,8 @@ class Converter {
   const uint64_t run_bytes_;  // what one reader fetches: a chunk, or a grain if larger
   Progress& progress_;
   BackgroundWriteback* writeback_;
-  std::mutex unreadable_mu_;
-  std::vector<UnreadableRange> unreadable_;  // guarded by unreadable_mu_
+  util::Mutex unreadable_mu_;
+  std::vector<UnreadableRange> unreadable_ TD_GUARDED_BY(unreadable_mu_);
 };
 
 // Runs one of the Converter's copies and fills `report` (optional).

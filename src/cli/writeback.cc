@@ -23,38 +23,38 @@ void BackgroundWriteback::Wrote(uint64_t bytes) {
   pending_ += bytes;
   if (pending_ < every_) return;
   pending_ = 0;
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   kicked_ = true;
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 Status BackgroundWriteback::Finish() {
   if (thread_.joinable()) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      util::MutexLock lock(mu_);
       stop_ = true;
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
     thread_.join();
   }
   if (fd_ >= 0) {
     ::close(fd_);
     fd_ = -1;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   return error_;
 }
 
 void BackgroundWriteback::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  util::MutexLock lock(mu_);
   while (true) {
-    cv_.wait(lock, [&] { return kicked_ || stop_; });
+    while (!kicked_ && !stop_) cv_.Wait(mu_);
     if (!kicked_) return;  // stopped, with no sync asked for
     kicked_ = false;
-    lock.unlock();
+    mu_.Unlock();
     const int rc = ::fdatasync(fd_);
     const int e = errno;
-    lock.lock();
+    mu_.Lock();
     if (rc != 0 && error_.ok()) error_ = Status::FromErrno(e, path_ + ": writing back");
   }
 }

@@ -17,13 +17,13 @@
 // needs. One sync runs at a time; a kick while one runs is merged into it.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "util/mutex.h"
 #include "util/result.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::cli {
 
@@ -58,11 +58,11 @@ class BackgroundWriteback {
   int fd_ = -1;
   uint64_t pending_ = 0;  // bytes written since the last kick (writer thread only)
   std::thread thread_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool kicked_ = false;  // guarded by mu_
-  bool stop_ = false;    // guarded by mu_
-  Status error_;         // guarded by mu_
+  util::Mutex mu_;
+  util::CondVar cv_;
+  bool kicked_ TD_GUARDED_BY(mu_) = false;
+  bool stop_ TD_GUARDED_BY(mu_) = false;
+  Status error_ TD_GUARDED_BY(mu_);
 };
 
 }  // namespace thindisk::cli

@@ -104,7 +104,7 @@ Result<block::Extent> RawImage::GetStatus(uint64_t offset, uint64_t max_length) 
   // Guest offset N is host offset N, for holes too (qemu reports it the same).
   if (!info_.read_only) return block::PlainStatus(*storage_, offset, offset, end - offset);
   {
-    std::lock_guard lock(data_run_mu_);
+    util::MutexLock lock(data_run_mu_);
     if (offset >= data_run_begin_ && offset < data_run_end_) {
       block::Extent e;
       e.offset = e.host_offset = offset;
@@ -119,7 +119,7 @@ Result<block::Extent> RawImage::GetStatus(uint64_t offset, uint64_t max_length) 
   if (e.data) {
     // A run found further down than the remembered one starts replaces it
     // and, when it is the same run (same end), covers it too.
-    std::lock_guard lock(data_run_mu_);
+    util::MutexLock lock(data_run_mu_);
     data_run_begin_ = offset;
     data_run_end_ = offset + e.length;
   }

@@ -20,14 +20,15 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 
 #include "block/device.h"
 #include "io/storage.h"
+#include "util/mutex.h"
 #include "util/result.h"
 #include "util/status.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::raw {
 
@@ -75,9 +76,9 @@ class RawImage final : public block::Device {
   std::atomic<uint64_t> size_;
   // Read-only images: the last host data run found, [begin, end); empty
   // when begin == end.
-  std::mutex data_run_mu_;
-  uint64_t data_run_begin_ = 0;
-  uint64_t data_run_end_ = 0;
+  util::Mutex data_run_mu_;
+  uint64_t data_run_begin_ TD_GUARDED_BY(data_run_mu_) = 0;
+  uint64_t data_run_end_ TD_GUARDED_BY(data_run_mu_) = 0;
   block::DeviceInfo info_;
   std::atomic<bool> closed_{false};
 };
