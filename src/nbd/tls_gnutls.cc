@@ -17,6 +17,8 @@
 #include "nbd/fd_io.h"
 #include "nbd/tls_authz.h"
 #include "nbd/tls_credentials.h"
+#include "util/mutex.h"
+#include "util/thread_annotations.h"
 
 namespace thindisk::nbd {
 namespace {
@@ -126,7 +128,10 @@ class TlsTransport final : public Transport {
   gnutls_session_t session_ = nullptr;
   bool established_ = false;
   bool cancelled_ = false;         // reader only: Pull saw the cancel descriptor
-  std::mutex session_mu_;          // the session is one thread's (class comment)
+  // The session is one thread's (class comment). A plain std::mutex: Pull
+  // lets it go and takes it again only when the reader holds it
+  // (reading_), a conditional hold the analysis cannot follow.
+  std::mutex session_mu_;
   bool reading_ = false;           // inside gnutls_record_recv (guarded by session_mu_)
   bool update_due_ = false;        // the client asked for our KeyUpdate (session_mu_)
   std::vector<uint8_t> in_buf_;    // reader only: [in_pos_, in_end_) not yet pulled
@@ -456,7 +461,9 @@ class GnutlsServer final : public TlsServer {
 
   // Reads the credentials and the authz list for the first time.
   Status Init() {
-    TD_ASSIGN_OR_RETURN(state_, Load());
+    TD_ASSIGN_OR_RETURN(State s, Load());
+    util::MutexLock lock(mu_);
+    state_ = std::move(s);
     return Status::Ok();
   }
 
@@ -464,7 +471,7 @@ class GnutlsServer final : public TlsServer {
 
   Status Reload() override {
     TD_ASSIGN_OR_RETURN(State s, Load());
-    std::lock_guard<std::mutex> lock(mu_);
+    util::MutexLock lock(mu_);
     state_ = std::move(s);
     return Status::Ok();
   }
@@ -491,13 +498,13 @@ class GnutlsServer final : public TlsServer {
   }
 
   State Current() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    util::MutexLock lock(mu_);
     return state_;
   }
 
   const TlsSettings settings_;
-  mutable std::mutex mu_;
-  State state_;  // guarded by mu_
+  mutable util::Mutex mu_;
+  State state_ TD_GUARDED_BY(mu_);
 };
 
 Result<std::unique_ptr<Transport>> GnutlsServer::Handshake(int in_fd, int out_fd,
