@@ -46,15 +46,15 @@ Status BackgroundWriteback::Finish() {
 }
 
 void BackgroundWriteback::Run() {
-  util::MutexLock lock(mu_);
+  util::UniqueLock lock(mu_);
   while (true) {
     while (!kicked_ && !stop_) cv_.Wait(mu_);
     if (!kicked_) return;  // stopped, with no sync asked for
     kicked_ = false;
-    mu_.Unlock();
+    lock.Unlock();
     const int rc = ::fdatasync(fd_);
     const int e = errno;
-    mu_.Lock();
+    lock.Lock();
     if (rc != 0 && error_.ok()) error_ = Status::FromErrno(e, path_ + ": writing back");
   }
 }

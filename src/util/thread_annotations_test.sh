@@ -20,11 +20,13 @@ if [[ -z $cxx ]]; then
 fi
 [[ -n $cxx ]] || skip_or_fail "required tool not found: clang++"
 
+# Syntax only (no code), with the warnings of the build and the analysis.
+flags=(-std=c++20 -fsyntax-only -Wall -Wextra -Wthread-safety -Werror -I"$src")
+
 # compile CASE: the compiler's diagnostics; its status in $rc.
 compile() {
   rc=0
-  out=$("$cxx" -std=c++20 -fsyntax-only -Wthread-safety -Werror -I"$src" -DCASE="$1" \
-    "$here/thread_annotations_cases.cc" 2>&1) || rc=$?
+  out=$("$cxx" "${flags[@]}" -DCASE="$1" "$here/thread_annotations_cases.cc" 2>&1) || rc=$?
 }
 
 compile 0
@@ -48,7 +50,8 @@ for c in 1 2 3 4 5 6; do
   log "case $c: rejected ('${expect[$c]}')"
 done
 
-# The annotated libraries, each source on its own (syntax only: no code).
+# The annotated libraries, each source on its own; a rejected one is named
+# with the compiler's first lines about it.
 sources=()
 dir=.
 while (($#)); do
@@ -60,9 +63,8 @@ while (($#)); do
 done
 ((${#sources[@]} == 0)) && exit 0
 failed=$(printf '%s\0' "${sources[@]}" | xargs -0 -P "$(nproc)" -I{} sh -c \
-  '"$0" -std=c++20 -fsyntax-only -Wall -Wextra -Wthread-safety -Werror -I"$1" "$2" >/dev/null 2>&1 ||
-   { echo "== $2"; "$0" -std=c++20 -fsyntax-only -Wthread-safety -Werror -I"$1" "$2" 2>&1 | head -20; }' \
-  "$cxx" "$src" {})
+  'file=$1; shift; out=$("$@" "$file" 2>&1) || { echo "== $file"; echo "$out" | head -20; }' \
+  sh {} "$cxx" "${flags[@]}")
 [[ -z $failed ]] || fail "the analysis rejects annotated sources:
 $failed"
 log "${#sources[@]} sources of the annotated libraries pass the analysis"
