@@ -26,6 +26,15 @@ Status ImageImpl::FlushMetadataLocked(OwedTail* owed) {
     ~Reset() { *flag = false; }
   } reset{&in_metadata_flush_};
 
+  // When nothing follows stages 1 and 3 but the flush's end, the caller
+  // writes and syncs them without the lock (FlushAll).
+  if (owed && !allocator_->HasDirtyTable() && !l1_moved_ && l1_dirty_.empty() &&
+      !header_dirty_ && (allocator_->HasDirtyBlocks() || l2_cache_->HasDirty())) {
+    TakeTailLocked(owed);
+    owed->order = std::move(order);
+    return Status::Ok();
+  }
+
   bool synced = false;
   // Stage 1: refcount blocks (and a relocated refcount table); the sync also
   // makes every data write issued so far durable.
@@ -57,16 +66,6 @@ Status ImageImpl::FlushMetadataLocked(OwedTail* owed) {
   if (l2_cache_->HasDirty()) {
     if (!synced && l2_cache_->changes() != l2_changes_synced_) {
       TD_RETURN_IF_ERROR(storage_->Flush());
-    }
-    if (owed && !l1_moved_ && l1_dirty_.empty() && !header_dirty_) {
-      // Nothing is ordered after these writes and their sync but the
-      // flush's end and its frees: the caller makes them without the lock,
-      // holding table_write_mu_ until the writes are made.
-      owed->cache = l2_cache_.get();
-      owed->tables = l2_cache_->Take();
-      owed->order = std::move(order);
-      owed->sync = true;
-      return Status::Ok();
     }
     TD_RETURN_IF_ERROR(l2_cache_->WriteDirty());
     TD_RETURN_IF_ERROR(storage_->Flush());
@@ -125,6 +124,37 @@ Status ImageImpl::FlushMetadataLocked(OwedTail* owed) {
   return Status::Ok();
 }
 
+void ImageImpl::TakeTailLocked(OwedTail* owed) {
+  // Stage 1: the refcount blocks. Rule: a refcount is raised before
+  // anything points at the cluster (their sync comes before the tables).
+  // That sync also makes every data write issued so far durable.
+  if (allocator_->HasDirtyBlocks()) {
+    TableCache& blocks = allocator_->block_cache();
+    owed->blocks = blocks.Take();
+    owed->block_cache = &blocks;
+  }
+  // Stage 3: the L2 tables. Rule: data is durable before the L2 entry that
+  // points at it: stage 1's sync, or FlushAll's when no table changed
+  // since it began, or one of their own.
+  if (l2_cache_->HasDirty()) {
+    owed->sync_before_tables =
+        owed->block_cache != nullptr || l2_cache_->changes() != l2_changes_synced_;
+    owed->tables = l2_cache_->Take();
+    owed->l2_cache = l2_cache_.get();
+  }
+  owed->sync = true;
+}
+
+Status ImageImpl::WriteTail(OwedTail& owed) {
+  Status s = owed.block_cache ? owed.block_cache->Write(owed.blocks) : Status::Ok();
+  if (s.ok() && owed.l2_cache) {
+    if (owed.sync_before_tables) s = storage_->Flush();
+    if (s.ok()) s = owed.l2_cache->Write(owed.tables);
+  }
+  if (owed.order.owns_lock()) owed.order.unlock();
+  return s;
+}
+
 bool ImageImpl::MetadataDirtyLocked() const {
   return allocator_->HasDirtyBlocks() || allocator_->HasDirtyTable() ||
          l2_cache_->HasDirty() || l1_moved_ || !l1_dirty_.empty() || header_dirty_;
@@ -139,7 +169,7 @@ Status ImageImpl::FlushAll() {
   {
     util::MutexLock lock(mu_);
     clean = !MetadataDirtyLocked();
-    // Stage 1 syncs under the lock anyway when refcounts are to be written.
+    // Stage 1's sync covers the data when refcounts are to be written.
     sync_first =
         !read_only_ && !allocator_->HasDirtyBlocks() && !allocator_->HasDirtyTable();
     l2_changes = l2_cache_->changes();
@@ -165,23 +195,24 @@ Status ImageImpl::FlushAll() {
     }
     frees = allocator_->TakeDeferredFrees();
   }
-  // Stage 3's writes and the last sync, when nothing but the frees comes
-  // after them, are made without the lock too: requests go on beside them,
-  // even when a write goes to the disk (RewriteAt, --cache=none). The
-  // taken tables stay in the cache, pinned, until their copies are
-  // written; a metadata flush (a cache eviction's) waits for the writes
-  // on table_write_mu_, not for the sync.
-  const Status written = owed.cache ? owed.cache->Write(owed.tables) : Status::Ok();
-  if (owed.order.owns_lock()) owed.order.unlock();
+  // Stage 1's and stage 3's writes and syncs, when nothing but the frees
+  // comes after them, are made without the lock too: requests go on beside
+  // them, even when a write goes to the disk (RewriteAt, --cache=none).
+  // The taken blocks and tables stay in their caches, pinned, until their
+  // copies are written; a metadata flush (a cache eviction's) waits for the
+  // writes on table_write_mu_, not for the last sync.
+  const Status written = WriteTail(owed);
   if (!written.ok()) {
-    // Nothing was marked written: the next flush writes the tables again,
-    // and frees the clusters after them.
+    // No table was written after a failure: the next flush writes the
+    // blocks and tables again, and frees the clusters after them.
     util::MutexLock lock(mu_);
-    l2_cache_->Restore(owed.tables);
+    if (owed.block_cache) allocator_->block_cache().Restore(owed.blocks);
+    if (owed.l2_cache) l2_cache_->Restore(owed.tables);
     for (const Allocator::Range& r : frees) allocator_->DeferFree(r.offset, r.n);
     return written;
   }
-  owed.tables = {};  // unpins
+  owed.blocks = {};  // unpins
+  owed.tables = {};
   if (owed.sync) TD_RETURN_IF_ERROR(storage_->Flush());
   if (frees.empty()) return Status::Ok();
   // Stage 5. Rule: a refcount is lowered only after nothing points at the

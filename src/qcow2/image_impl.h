@@ -317,20 +317,30 @@ class ImageImpl final : public Image {
 
   // ---- flush (image_flush.cc) ----
   // What FlushAll finishes without mu_ when nothing else is ordered after
-  // stage 3's L2 tables: their writes (copies taken under mu_, the tables
-  // marked clean), then the last sync.
+  // stage 1's refcount blocks and stage 3's L2 tables (no refcount table
+  // entry, L1 entry or header to write): their writes (copies taken under
+  // mu_, the tables marked clean), each stage's sync, then the last sync.
   struct OwedTail {
-    bool sync = false;
-    // The L2 cache the tables were taken from: its Write reads no cache
-    // state, so it is called without mu_.
-    const TableCache* cache = nullptr;
+    // The caches the blocks and tables were taken from: their Write reads
+    // no cache state, so it is called without mu_.
+    const TableCache* block_cache = nullptr;
+    TableCache::Taken blocks;
+    const TableCache* l2_cache = nullptr;
     TableCache::Taken tables;
-    // table_write_mu_, held until the tables are written.
+    // A sync between the blocks (or the data) and the tables.
+    bool sync_before_tables = false;
+    bool sync = false;
+    // table_write_mu_, held until the blocks and tables are written.
     std::unique_lock<std::mutex> order;
   };
-  // Stages 1-4. With `owed`, stage 3's writes and the last sync, when
+  // Stages 1-4. With `owed`, stage 1's and stage 3's writes and syncs, when
   // nothing else follows them, are left to the caller.
   Status FlushMetadataLocked(OwedTail* owed = nullptr) TD_REQUIRES(mu_);
+  // Takes what stages 1 and 3 write into `owed` (FlushMetadataLocked).
+  void TakeTailLocked(OwedTail* owed) TD_REQUIRES(mu_);
+  // Writes what `owed` holds, with the sync before the tables (without
+  // mu_), and lets table_write_mu_ go. The last sync is the caller's.
+  Status WriteTail(OwedTail& owed) TD_EXCLUDES(mu_);
   bool MetadataDirtyLocked() const TD_REQUIRES(mu_);  // anything for stages 1-4 to write
   Status WriteHeaderLocked() TD_REQUIRES(mu_);        // encodes header_ at offset 0
   Status FlushAll() TD_REQUIRES(flush_mu_);           // stages 1-5
@@ -362,10 +372,11 @@ class ImageImpl final : public Image {
   RangeLock range_lock_;
 
   util::Mutex mu_;
-  // Orders writes of L2 tables: held by every metadata flush (taken under
-  // mu_) and by FlushAll from stage 3 until its taken tables are written
-  // without mu_, so no flush writes a table, or syncs what it wrote, while
-  // an older copy of it is still on its way (docs/engine.md). It guards no
+  // Orders writes of L2 tables and refcount blocks: held by every metadata
+  // flush (taken under mu_) and by FlushAll from stage 1 until its taken
+  // blocks and tables are written without mu_, so no flush writes a table,
+  // or syncs what it wrote, while an older copy of it is still on its way
+  // (docs/engine.md). It guards no
   // member, and its hold leaves FlushMetadataLocked in OwedTail, which the
   // analysis cannot follow: a plain std::mutex.
   std::mutex table_write_mu_;

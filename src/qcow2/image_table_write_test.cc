@@ -1,6 +1,6 @@
-// The L2 writes of a flush's last stage, made without the metadata lock
-// (image_flush.cc): requests go on while they reach the disk, and no other
-// write of the same table overtakes them.
+// The refcount block and L2 writes of a flush's last stages, made without
+// the metadata lock (image_flush.cc): requests go on while they reach the
+// disk, and no other write of the same table overtakes them.
 #include <gtest/gtest.h>
 
 #include <cerrno>
@@ -99,6 +99,14 @@ std::future<Status> HeldFlush(Held& h, uint64_t len) {
     return {};
   }
   return flush;
+}
+
+// The host offset of the first refcount block, as the refcount table on
+// disk says.
+uint64_t FirstRefcountBlock(Image& image) {
+  uint8_t raw[8];
+  EXPECT_TRUE(image.storage().ReadAt(image.header().refcount_table_offset, raw).ok());
+  return LoadBe64(raw) & ~uint64_t{511};
 }
 
 // Reads 4 KiB at each offset of a reopened copy of `mem` and checks it
@@ -274,6 +282,109 @@ TEST(TableWriteTest, AFailedTableWriteIsMadeByTheNextFlush) {
     again->reset();
     ASSERT_TRUE(image.Close().ok());
     // The free was not dropped with the failed flush: nothing leaks.
+    auto report = Check(*h.mem, RepairMode::kNone);
+    ASSERT_TRUE(report.has_value());
+    EXPECT_EQ(report->corruptions, 0u) << "ext=" << ext;
+    EXPECT_EQ(report->leaks, 0u) << "ext=" << ext;
+  }
+}
+
+// 128 first writes of one 64 KiB cluster each from 8 MiB (the pattern of
+// its offset): more clusters than the reserve (64) holds, so the allocator
+// refills it and a refcount block changes.
+Status WritePastTheReserve(Image& image) {
+  Status s;
+  for (uint64_t off = 8 << 20; s.ok() && off < (16 << 20); off += 65536) {
+    s = image.Write(off, Pattern(off, 65536));
+  }
+  return s;
+}
+
+// First writes past the clusters allocated ahead make the allocator raise
+// the refcounts of a new run of them: the next flush writes a refcount
+// block (stage 1), syncs, and writes the L2 sectors. With nothing ordered
+// after them, those writes are made without the metadata lock too:
+// requests go on while the block is on its way to the disk, and the flush
+// returns only after it, its sync and the tables.
+TEST(TableWriteTest, RequestsGoOnWhileAFlushWritesItsRefcountBlock) {
+  for (bool ext : {false, true}) {
+    Held h = OpenHeld(64 << 20, ext);
+    ASSERT_TRUE(h.image);
+    Image& image = *h.image;
+    const std::vector<uint8_t> data = Pattern(1, 4 << 20);
+    ASSERT_TRUE(image.Write(0, data).ok());
+    ASSERT_TRUE(image.Flush().ok());  // the L2 table and the block on disk
+    ASSERT_TRUE(WritePastTheReserve(image).ok());
+    const uint64_t block = FirstRefcountBlock(image);
+    ASSERT_NE(block, 0u);
+    h.held->Arm(block, 65536);
+    auto flush = std::async(std::launch::async, [&] { return image.Flush(); });
+    ASSERT_TRUE(h.held->WaitHeld())
+        << "ext=" << ext << ": the flush wrote no refcount block";
+    auto requests = std::async(std::launch::async, [&] {
+      std::vector<uint8_t> got(8192);
+      Status s = image.Read(1 << 20, got);
+      if (s.ok() && !std::equal(got.begin(), got.end(), data.begin() + (1 << 20))) {
+        s = Status::Internal("read other bytes than were written");
+      }
+      if (s.ok()) s = image.Write(2 << 20, Pattern(3, 4096));   // in place
+      if (s.ok()) s = image.Write(20 << 20, Pattern(4, 4096));  // a first write
+      return s;
+    });
+    const bool ran =
+        requests.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    const bool returned_early =
+        flush.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    h.held->Release();
+    EXPECT_TRUE(ran) << "ext=" << ext << ": requests waited for the refcount block";
+    EXPECT_FALSE(returned_early)
+        << "ext=" << ext << ": the flush returned before its write";
+    EXPECT_TRUE(requests.get().ok());
+    EXPECT_TRUE(flush.get().ok());
+    ExpectOnDisk(*h.mem, {{8 << 20, 8 << 20}, {(16 << 20) - 65536, (16 << 20) - 65536}},
+                 "after the held flush");
+    ASSERT_TRUE(image.Close().ok());
+    ExpectOnDisk(*h.mem, {{2 << 20, 3}, {20 << 20, 4}}, "after closing");
+    auto report = Check(*h.mem, RepairMode::kNone);
+    ASSERT_TRUE(report.has_value());
+    EXPECT_EQ(report->corruptions, 0u) << "ext=" << ext;
+    EXPECT_EQ(report->leaks, 0u) << "ext=" << ext;
+  }
+}
+
+// When the refcount block's write fails, the flush fails before any L2
+// sector is written, and the block and the tables are dirty again: the next
+// flush writes them, and the image is whole.
+TEST(TableWriteTest, AFailedRefcountBlockWriteIsMadeByTheNextFlush) {
+  for (bool ext : {false, true}) {
+    Held h = OpenHeld(64 << 20, ext);
+    ASSERT_TRUE(h.image);
+    Image& image = *h.image;
+    ASSERT_TRUE(image.Write(0, Pattern(1, 4 << 20)).ok());
+    ASSERT_TRUE(image.Flush().ok());
+    ASSERT_TRUE(WritePastTheReserve(image).ok());
+    const uint64_t block = FirstRefcountBlock(image);
+    ASSERT_NE(block, 0u);
+    h.held->FailNext(block, 65536);
+    EXPECT_FALSE(image.Flush().ok()) << "ext=" << ext;
+    // Nothing of the failed flush's tables reached the disk.
+    auto before = Image::Open(h.mem->Clone(), {});
+    ASSERT_TRUE(before.has_value());
+    std::vector<uint8_t> got(4096);
+    ASSERT_TRUE((*before)->Read(8 << 20, got).ok());
+    EXPECT_TRUE(got == std::vector<uint8_t>(4096, 0))
+        << "ext=" << ext << ": an L2 entry was written after the failed block";
+    before->reset();
+    ASSERT_TRUE(image.Flush().ok());
+    ExpectOnDisk(*h.mem, {{8 << 20, 8 << 20}, {(16 << 20) - 65536, (16 << 20) - 65536}},
+                 "after the second flush");
+    // Every cluster the tables name is counted on disk (the unused reserve
+    // leaks until the image is closed).
+    auto copy = h.mem->Clone();
+    auto flushed = Check(*copy, RepairMode::kNone);
+    ASSERT_TRUE(flushed.has_value());
+    EXPECT_EQ(flushed->corruptions, 0u) << "ext=" << ext << ": after the second flush";
+    ASSERT_TRUE(image.Close().ok());
     auto report = Check(*h.mem, RepairMode::kNone);
     ASSERT_TRUE(report.has_value());
     EXPECT_EQ(report->corruptions, 0u) << "ext=" << ext;
