@@ -196,6 +196,29 @@ Result<uint64_t> Allocator::FindFree(uint64_t n) {
   }
 }
 
+uint64_t Allocator::ColdBlockAhead() {
+  if (!reserve_.empty()) return 0;  // the next single cluster is reserved
+  const uint64_t want = std::max<uint64_t>(reserve_target_, 1);
+  uint64_t found = 0;
+  for (uint64_t bi = free_hint_ / entries_per_block_; bi < table_.size(); ++bi) {
+    // The blocks from the hint's on must all stay in memory for the search:
+    // past what the cache holds, a load would drop one loaded before.
+    if (bi - free_hint_ / entries_per_block_ >= blocks_.capacity()) return 0;
+    if (table_[bi] == 0) return 0;  // a missing block: free, nothing to read
+    if (!blocks_.Cached(table_[bi])) return table_[bi];
+    Result<std::shared_ptr<Table>> block = blocks_.Get(table_[bi]);
+    if (!block.has_value()) return 0;  // the search itself says why
+    const uint64_t first =
+        std::max(free_hint_, bi * entries_per_block_) % entries_per_block_;
+    for (uint64_t i = first; i < entries_per_block_ && found < want; ++i) {
+      found += qcow2::GetRefcount((*block)->data, refcount_order_, i) == 0;
+    }
+    if (found >= want) return 0;
+    if (found == 0) free_hint_ = (bi + 1) * entries_per_block_;  // full from the hint on
+  }
+  return 0;
+}
+
 Result<Allocator::Allocation> Allocator::AllocateClustersAt(uint64_t n, int depth) {
   if (n == 0) return Status::Internal("allocation of zero clusters");
   for (int attempt = 0; attempt < 64; ++attempt) {

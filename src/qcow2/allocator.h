@@ -103,6 +103,14 @@ class Allocator {
   // not in memory: an owner may load them into block_cache() first,
   // without its lock (TableCache::BeginLoad).
   std::vector<uint64_t> UncachedBlocks(const Range& r) const;
+  // The first refcount block (host offset) that the next single cluster's
+  // allocation would read in its search for free clusters (a reserve
+  // refill's: as many as the reserve takes) and that is not in memory; 0
+  // when it reads none. An owner may load it into block_cache() without
+  // its lock and ask again. Blocks found full on the way are skipped by
+  // later searches (the free hint moves past them); a search that needs
+  // more blocks than the cache holds gets 0 past them (it loads the rest).
+  uint64_t ColdBlockAhead();
   TableCache& block_cache() { return blocks_; }
 
   // ---- ordered flush support ----

@@ -250,5 +250,65 @@ TEST(AllocatorTest, ReserveYieldsToRunsAndToFreedClusters) {
   EXPECT_EQ(d->offset, a->offset);
 }
 
+// ColdBlockAhead names, one at a time, the blocks a reserve refill's search
+// reads and the cache lacks, in the search's order; blocks found full are
+// not named again; the search then finds the same clusters it would have.
+TEST(AllocatorTest, ColdBlockAheadNamesTheBlocksTheSearchReads) {
+  // 512-byte clusters: a block counts 256 of them. Six blocks' worth in
+  // use, one cluster of the fourth free, all on disk.
+  auto f = Make(512, 16);
+  for (int i = 0; i < 6 * 256; ++i) ASSERT_TRUE(f.alloc->AllocateClusters(1).has_value());
+  const uint64_t hole = 3 * 256 * 512 + 100 * 512;
+  ASSERT_TRUE(f.alloc->ApplyFrees({{hole, 1}}, nullptr).ok());
+  ASSERT_TRUE(f.alloc->WriteBlocks().ok());
+  ASSERT_TRUE(f.alloc->WriteTableEntries().ok());
+  ASSERT_FALSE(f.alloc->table_moved());
+  const std::vector<uint64_t> blocks = f.alloc->block_offsets();
+  ASSERT_GE(blocks.size(), 7u);
+  for (size_t i = 0; i < 7; ++i) ASSERT_NE(blocks[i], 0u) << "block " << i;
+
+  // Opened again, with room for two blocks: none is in memory.
+  auto cold = Allocator::Open(*f.storage, f.header, *f.storage->Size(), 2, nullptr);
+  ASSERT_TRUE(cold.has_value());
+  Allocator& a = **cold;
+  a.SetReserve(8);
+  std::vector<uint64_t> named;
+  for (uint64_t b; named.size() < 20 && (b = a.ColdBlockAhead()) != 0;) {
+    named.push_back(b);
+    ASSERT_TRUE(a.block_cache().Get(b).has_value());  // the owner's load
+  }
+  // Blocks 0-2 are full (skipped from then on, though the cache dropped
+  // them), block 3 has one free cluster, and the search goes on for seven
+  // more, through block 4 (full): block 5 would drop block 3 from the
+  // cache, so the search loads it and 6 itself.
+  EXPECT_EQ(named, (std::vector<uint64_t>{blocks[0], blocks[1], blocks[2], blocks[3],
+                                          blocks[4]}));
+  auto first = a.AllocateClusters(1);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->offset, hole)
+      << "the freed cluster comes first, as without the look ahead";
+  EXPECT_EQ(a.ColdBlockAhead(), 0u) << "the reserve holds the next clusters";
+
+  // With room for sixteen blocks the look ahead reaches block 6, and the
+  // search then reads nothing more.
+  auto roomy = Allocator::Open(*f.storage, f.header, *f.storage->Size(), 16, nullptr);
+  ASSERT_TRUE(roomy.has_value());
+  Allocator& r = **roomy;
+  r.SetReserve(8);
+  named.clear();
+  for (uint64_t b; named.size() < 20 && (b = r.ColdBlockAhead()) != 0;) {
+    named.push_back(b);
+    ASSERT_TRUE(r.block_cache().Get(b).has_value());
+  }
+  EXPECT_EQ(named, (std::vector<uint64_t>{blocks[0], blocks[1], blocks[2], blocks[3],
+                                          blocks[4], blocks[5], blocks[6]}));
+  const size_t cached = r.block_cache().size();
+  auto again = r.AllocateClusters(1);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->offset, hole);
+  EXPECT_EQ(r.block_cache().size(), cached)
+      << "the search read a block the look ahead missed";
+}
+
 }  // namespace
 }  // namespace thindisk::qcow2

@@ -130,6 +130,13 @@ class ImageImpl final : public Image {
   Result<L2Mapping> LookupLoadingUnlocked(uint64_t guest_cluster) TD_REQUIRES(mu_);
   // Whether the L2 entry of `gc` is in memory (or there is no L2 table).
   bool L2InMemoryLocked(uint64_t guest_cluster) const TD_REQUIRES(mu_);
+  // Loads, with mu_ released meanwhile, the refcount blocks that the next
+  // single cluster's allocation would read (Allocator::ColdBlockAhead), so
+  // that a search for free space through a cold part of a large image
+  // does not hold the lock across the disk. As many loads as the image has
+  // blocks at most; whatever is still not in memory then is loaded by the
+  // allocation, under the lock.
+  Status LoadAllocationBlocksUnlocked() TD_REQUIRES(mu_);
   // One try at loading the table at `offset` into `cache` with mu_
   // released during the read: true when this call read it, false when
   // it waited for another caller's load instead. The table may be missing

@@ -117,6 +117,16 @@ Result<L2Mapping> ImageImpl::LookupLoadingUnlocked(uint64_t gc) {
   return LookupLocked(gc);
 }
 
+Status ImageImpl::LoadAllocationBlocksUnlocked() {
+  const size_t limit = allocator_->block_offsets().size();
+  for (size_t loads = 0; loads < limit; ++loads) {
+    const uint64_t block = allocator_->ColdBlockAhead();
+    if (block == 0) break;
+    TD_RETURN_IF_ERROR(LoadTableUnlocked(allocator_->block_cache(), block).status());
+  }
+  return Status::Ok();
+}
+
 Result<std::shared_ptr<Table>> ImageImpl::WritableL2Locked(uint64_t gc) {
   uint64_t l1i = gc / l2_entries_;
   if (l1i >= l1_.size()) return Status::Internal(GuestPos(gc) + ": beyond the L1 table");

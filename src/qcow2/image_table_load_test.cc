@@ -112,6 +112,15 @@ bool Reads(Image& image, uint64_t off, const std::vector<uint8_t>& want) {
   return image.Read(off, got).ok() && got == want;
 }
 
+// Check finds a closed image whole: no corruption, no leak.
+void ExpectWhole(io::Storage& storage) {
+  auto report = Check(storage, RepairMode::kNone);
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->corruptions, 0u);
+  EXPECT_EQ(report->leaks, 0u);
+  EXPECT_EQ(report->check_errors, 0u);
+}
+
 // Block status also loads a table without the lock.
 bool DataAt(Image& image, uint64_t off) {
   auto e = image.GetStatus(off, 4 * kTableSpan);
@@ -326,11 +335,54 @@ TEST(TableLoadConcurrencyTest, FreesLoadRefcountBlocksWithoutTheLock) {
   EXPECT_TRUE(Reads(image, 20 << 20, Pattern(2, 4096)));
   ASSERT_TRUE(image.Close().ok());
   // The freed cluster is counted free: no leak, no corruption.
-  auto report = Check(image.storage(), RepairMode::kNone);
-  ASSERT_TRUE(report.has_value());
-  EXPECT_EQ(report->corruptions, 0u);
-  EXPECT_EQ(report->leaks, 0u);
-  EXPECT_EQ(report->check_errors, 0u);
+  ExpectWhole(image.storage());
+}
+
+// A first write's search for free clusters (a reserve refill's, through
+// every refcount block of a full image just opened) loads the cold blocks
+// without the lock: reads and writes in place go on meanwhile.
+TEST(TableLoadConcurrencyTest, AnAllocationLoadsColdRefcountBlocksWithoutTheLock) {
+  // 512-byte clusters: a refcount block counts 256 of them (128 KiB), so
+  // 2 MiB of data take 17 blocks.
+  CreateOptions o;
+  o.size = 8 << 20;
+  o.cluster_size = 512;
+  o.extended_l2 = false;
+  testing::MemImage m = testing::CreateMem(o);
+  ASSERT_TRUE(m.image);
+  const std::vector<uint8_t> data = Pattern(1, 2 << 20);
+  ASSERT_TRUE(m.image->Write(0, data).ok());
+  ASSERT_TRUE(m.image->Close().ok());
+  auto held_owned = std::make_unique<HeldReadStorage>(m.storage->Clone());
+  HeldReadStorage* held = held_owned.get();
+  OpenOptions oo;
+  oo.cache_bytes = 0;  // the smallest caches: two refcount blocks
+  auto img = Image::Open(std::move(held_owned), oo);
+  ASSERT_TRUE(img.has_value());
+  Image& image = **img;
+  uint8_t raw[8];
+  ASSERT_TRUE(
+      image.storage().ReadAt(image.header().refcount_table_offset + 8 * 8, raw).ok());
+  const uint64_t block8 = LoadBe64(raw);
+  ASSERT_NE(block8, 0u) << "the data takes fewer than 9 refcount blocks";
+
+  held->Arm(block8);
+  auto first = std::async(std::launch::async,
+                          [&] { return image.Write(4 << 20, Pattern(2, 512)).ok(); });
+  ASSERT_TRUE(held->WaitHeld()) << "the allocation never read refcount block 8";
+  auto others = std::async(std::launch::async, [&] {
+    return Reads(image, 4096, {data.begin() + 4096, data.begin() + 8192}) &&
+           image.Write(1 << 20, Pattern(3, 512)).ok() &&
+           Reads(image, 1 << 20, Pattern(3, 512));
+  });
+  const bool ran = others.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  held->Release();
+  EXPECT_TRUE(ran) << "requests waited for the allocation's refcount block";
+  EXPECT_TRUE(others.get());
+  EXPECT_TRUE(first.get());
+  EXPECT_TRUE(Reads(image, 4 << 20, Pattern(2, 512)));
+  ASSERT_TRUE(image.Close().ok());
+  ExpectWhole(image.storage());
 }
 
 }  // namespace

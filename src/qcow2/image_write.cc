@@ -66,6 +66,12 @@ Result<uint64_t> ImageImpl::WriteFreshRun(uint64_t gc, uint64_t count, const uin
     }
     if (n < 2) return uint64_t{0};  // the per-cluster path does it
     for (uint64_t i = 0; i < n; ++i) {
+      // The range lock keeps the run's mappings while the lock is let go.
+      Status loaded = LoadAllocationBlocksUnlocked();
+      if (!loaded.ok()) {
+        give_back(0);
+        return loaded;
+      }
       Result<Allocator::Allocation> a = allocator_->AllocateClusters(1);
       if (!a.has_value()) {
         give_back(0);
@@ -211,6 +217,7 @@ Status ImageImpl::WriteAllocating(uint64_t gc, const L2Mapping& m, uint64_t in_o
   Allocator::Allocation a;
   {
     util::MutexLock lock(mu_);
+    TD_RETURN_IF_ERROR(LoadAllocationBlocksUnlocked());
     TD_ASSIGN_OR_RETURN(a, allocator_->AllocateClusters(1));
   }
   L2Mapping n;
