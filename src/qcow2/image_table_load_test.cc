@@ -112,15 +112,6 @@ bool Reads(Image& image, uint64_t off, const std::vector<uint8_t>& want) {
   return image.Read(off, got).ok() && got == want;
 }
 
-// Check finds a closed image whole: no corruption, no leak.
-void ExpectWhole(io::Storage& storage) {
-  auto report = Check(storage, RepairMode::kNone);
-  ASSERT_TRUE(report.has_value());
-  EXPECT_EQ(report->corruptions, 0u);
-  EXPECT_EQ(report->leaks, 0u);
-  EXPECT_EQ(report->check_errors, 0u);
-}
-
 // Block status also loads a table without the lock.
 bool DataAt(Image& image, uint64_t off) {
   auto e = image.GetStatus(off, 4 * kTableSpan);
@@ -307,9 +298,7 @@ TEST(TableLoadConcurrencyTest, FreesLoadRefcountBlocksWithoutTheLock) {
   auto img = Image::Open(std::move(held_owned), {});
   ASSERT_TRUE(img.has_value());
   Image& image = **img;
-  uint8_t raw[8];
-  ASSERT_TRUE(image.storage().ReadAt(image.header().refcount_table_offset, raw).ok());
-  const uint64_t block0 = LoadBe64(raw);  // covers the first 8 MiB of the file
+  const uint64_t block0 = testing::RefcountBlock(image, 0);  // the file's first 8 MiB
   ASSERT_NE(block0, 0u);
   const std::vector<uint8_t> data = Pattern(1, 24 << 20);
   ASSERT_TRUE(Reads(image, 20 << 20,
@@ -335,7 +324,7 @@ TEST(TableLoadConcurrencyTest, FreesLoadRefcountBlocksWithoutTheLock) {
   EXPECT_TRUE(Reads(image, 20 << 20, Pattern(2, 4096)));
   ASSERT_TRUE(image.Close().ok());
   // The freed cluster is counted free: no leak, no corruption.
-  ExpectWhole(image.storage());
+  testing::ExpectWhole(image.storage());
 }
 
 // A first write's search for free clusters (a reserve refill's, through
@@ -360,10 +349,7 @@ TEST(TableLoadConcurrencyTest, AnAllocationLoadsColdRefcountBlocksWithoutTheLock
   auto img = Image::Open(std::move(held_owned), oo);
   ASSERT_TRUE(img.has_value());
   Image& image = **img;
-  uint8_t raw[8];
-  ASSERT_TRUE(
-      image.storage().ReadAt(image.header().refcount_table_offset + 8 * 8, raw).ok());
-  const uint64_t block8 = LoadBe64(raw);
+  const uint64_t block8 = testing::RefcountBlock(image, 8);
   ASSERT_NE(block8, 0u) << "the data takes fewer than 9 refcount blocks";
 
   held->Arm(block8);
@@ -382,7 +368,7 @@ TEST(TableLoadConcurrencyTest, AnAllocationLoadsColdRefcountBlocksWithoutTheLock
   EXPECT_TRUE(first.get());
   EXPECT_TRUE(Reads(image, 4 << 20, Pattern(2, 512)));
   ASSERT_TRUE(image.Close().ok());
-  ExpectWhole(image.storage());
+  testing::ExpectWhole(image.storage());
 }
 
 }  // namespace

@@ -7,12 +7,12 @@
 #include <chrono>
 #include <future>
 #include <mutex>
+#include <string>
 
 #include "io/forwarding_storage.h"
 #include "qcow2/check.h"
 #include "qcow2/format.h"
 #include "qcow2/image_test_util.h"
-#include "util/endian.h"
 
 namespace thindisk::qcow2 {
 namespace {
@@ -101,14 +101,6 @@ std::future<Status> HeldFlush(Held& h, uint64_t len) {
   return flush;
 }
 
-// The host offset of the first refcount block, as the refcount table on
-// disk says.
-uint64_t FirstRefcountBlock(Image& image) {
-  uint8_t raw[8];
-  EXPECT_TRUE(image.storage().ReadAt(image.header().refcount_table_offset, raw).ok());
-  return LoadBe64(raw) & ~uint64_t{511};
-}
-
 // Reads 4 KiB at each offset of a reopened copy of `mem` and checks it
 // holds the pattern of its seed.
 void ExpectOnDisk(io::MemoryStorage& mem, std::vector<std::pair<uint64_t, uint64_t>> want,
@@ -120,6 +112,38 @@ void ExpectOnDisk(io::MemoryStorage& mem, std::vector<std::pair<uint64_t, uint64
     ASSERT_TRUE((*again)->Read(off, got).ok());
     EXPECT_TRUE(got == Pattern(seed, 4096)) << what << ": other bytes at " << off;
   }
+}
+
+// Requests beside a held flush write: a read of what `data` wrote at 1 MiB,
+// a write in place at 2 MiB, a first write at `first_write`.
+std::future<Status> RequestsBeside(Image& image, const std::vector<uint8_t>& data,
+                                   uint64_t first_write) {
+  return std::async(std::launch::async, [&image, &data, first_write] {
+    std::vector<uint8_t> got(8192);
+    Status s = image.Read(1 << 20, got);
+    if (s.ok() && !std::equal(got.begin(), got.end(), data.begin() + (1 << 20))) {
+      s = Status::Internal("read other bytes than were written");
+    }
+    if (s.ok()) s = image.Write(2 << 20, Pattern(3, 4096));
+    if (s.ok()) s = image.Write(first_write, Pattern(4, 4096));
+    return s;
+  });
+}
+
+// The requests end while the held write waits (10 s at most), the flush
+// only after it is let go; both succeed. `what` names the held write.
+void ExpectRequestsWentOn(Held& h, std::future<Status>& requests,
+                          std::future<Status>& flush, bool ext, const char* what) {
+  const bool ran =
+      requests.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  const bool returned_early =
+      flush.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  h.held->Release();
+  EXPECT_TRUE(ran) << "ext=" << ext << ": requests waited for the " << what;
+  EXPECT_FALSE(returned_early) << "ext=" << ext
+                               << ": the flush returned before its write";
+  EXPECT_TRUE(requests.get().ok());
+  EXPECT_TRUE(flush.get().ok());
 }
 
 // A flush whose last stage writes a changed sector of an L2 table makes that
@@ -137,26 +161,8 @@ TEST(TableWriteTest, RequestsGoOnWhileAFlushWritesItsL2Sector) {
     ASSERT_TRUE(image.Write(8 << 20, Pattern(2, 4096)).ok());
     auto flush = HeldFlush(h, 65536);
     ASSERT_TRUE(flush.valid()) << "the flush wrote no L2 sector";
-    auto requests = std::async(std::launch::async, [&] {
-      std::vector<uint8_t> got(8192);
-      Status s = image.Read(1 << 20, got);
-      if (s.ok() && !std::equal(got.begin(), got.end(), data.begin() + (1 << 20))) {
-        s = Status::Internal("read other bytes than were written");
-      }
-      if (s.ok()) s = image.Write(2 << 20, Pattern(3, 4096));
-      if (s.ok()) s = image.Write(9 << 20, Pattern(4, 4096));
-      return s;
-    });
-    const bool ran =
-        requests.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
-    const bool returned_early =
-        flush.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-    h.held->Release();
-    EXPECT_TRUE(ran) << "ext=" << ext << ": requests waited for the L2 write";
-    EXPECT_FALSE(returned_early)
-        << "ext=" << ext << ": the flush returned before its write";
-    EXPECT_TRUE(requests.get().ok());
-    EXPECT_TRUE(flush.get().ok());
+    auto requests = RequestsBeside(image, data, 9 << 20);
+    ExpectRequestsWentOn(h, requests, flush, ext, "L2 write");
     // What the held flush owed is on disk, before any later flush.
     ExpectOnDisk(*h.mem, {{8 << 20, 2}}, "after the held flush");
     ASSERT_TRUE(image.Flush().ok());
@@ -282,10 +288,7 @@ TEST(TableWriteTest, AFailedTableWriteIsMadeByTheNextFlush) {
     again->reset();
     ASSERT_TRUE(image.Close().ok());
     // The free was not dropped with the failed flush: nothing leaks.
-    auto report = Check(*h.mem, RepairMode::kNone);
-    ASSERT_TRUE(report.has_value());
-    EXPECT_EQ(report->corruptions, 0u) << "ext=" << ext;
-    EXPECT_EQ(report->leaks, 0u) << "ext=" << ext;
+    testing::ExpectWhole(*h.mem, "ext=" + std::to_string(ext));
   }
 }
 
@@ -315,40 +318,19 @@ TEST(TableWriteTest, RequestsGoOnWhileAFlushWritesItsRefcountBlock) {
     ASSERT_TRUE(image.Write(0, data).ok());
     ASSERT_TRUE(image.Flush().ok());  // the L2 table and the block on disk
     ASSERT_TRUE(WritePastTheReserve(image).ok());
-    const uint64_t block = FirstRefcountBlock(image);
+    const uint64_t block = testing::RefcountBlock(image, 0);
     ASSERT_NE(block, 0u);
     h.held->Arm(block, 65536);
     auto flush = std::async(std::launch::async, [&] { return image.Flush(); });
     ASSERT_TRUE(h.held->WaitHeld())
         << "ext=" << ext << ": the flush wrote no refcount block";
-    auto requests = std::async(std::launch::async, [&] {
-      std::vector<uint8_t> got(8192);
-      Status s = image.Read(1 << 20, got);
-      if (s.ok() && !std::equal(got.begin(), got.end(), data.begin() + (1 << 20))) {
-        s = Status::Internal("read other bytes than were written");
-      }
-      if (s.ok()) s = image.Write(2 << 20, Pattern(3, 4096));   // in place
-      if (s.ok()) s = image.Write(20 << 20, Pattern(4, 4096));  // a first write
-      return s;
-    });
-    const bool ran =
-        requests.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
-    const bool returned_early =
-        flush.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-    h.held->Release();
-    EXPECT_TRUE(ran) << "ext=" << ext << ": requests waited for the refcount block";
-    EXPECT_FALSE(returned_early)
-        << "ext=" << ext << ": the flush returned before its write";
-    EXPECT_TRUE(requests.get().ok());
-    EXPECT_TRUE(flush.get().ok());
+    auto requests = RequestsBeside(image, data, 20 << 20);
+    ExpectRequestsWentOn(h, requests, flush, ext, "refcount block");
     ExpectOnDisk(*h.mem, {{8 << 20, 8 << 20}, {(16 << 20) - 65536, (16 << 20) - 65536}},
                  "after the held flush");
     ASSERT_TRUE(image.Close().ok());
     ExpectOnDisk(*h.mem, {{2 << 20, 3}, {20 << 20, 4}}, "after closing");
-    auto report = Check(*h.mem, RepairMode::kNone);
-    ASSERT_TRUE(report.has_value());
-    EXPECT_EQ(report->corruptions, 0u) << "ext=" << ext;
-    EXPECT_EQ(report->leaks, 0u) << "ext=" << ext;
+    testing::ExpectWhole(*h.mem, "ext=" + std::to_string(ext));
   }
 }
 
@@ -363,7 +345,7 @@ TEST(TableWriteTest, AFailedRefcountBlockWriteIsMadeByTheNextFlush) {
     ASSERT_TRUE(image.Write(0, Pattern(1, 4 << 20)).ok());
     ASSERT_TRUE(image.Flush().ok());
     ASSERT_TRUE(WritePastTheReserve(image).ok());
-    const uint64_t block = FirstRefcountBlock(image);
+    const uint64_t block = testing::RefcountBlock(image, 0);
     ASSERT_NE(block, 0u);
     h.held->FailNext(block, 65536);
     EXPECT_FALSE(image.Flush().ok()) << "ext=" << ext;
@@ -385,10 +367,7 @@ TEST(TableWriteTest, AFailedRefcountBlockWriteIsMadeByTheNextFlush) {
     ASSERT_TRUE(flushed.has_value());
     EXPECT_EQ(flushed->corruptions, 0u) << "ext=" << ext << ": after the second flush";
     ASSERT_TRUE(image.Close().ok());
-    auto report = Check(*h.mem, RepairMode::kNone);
-    ASSERT_TRUE(report.has_value());
-    EXPECT_EQ(report->corruptions, 0u) << "ext=" << ext;
-    EXPECT_EQ(report->leaks, 0u) << "ext=" << ext;
+    testing::ExpectWhole(*h.mem, "ext=" + std::to_string(ext));
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "io/faulty_storage.h"
 #include "io/memory_storage.h"
+#include "qcow2/check.h"
 #include "qcow2/image.h"
 #include "qcow2/table_entry.h"
 #include "util/endian.h"
@@ -80,6 +81,25 @@ inline uint64_t FirstL2Table(Image& image) {
   uint8_t raw[8];
   EXPECT_TRUE(image.storage().ReadAt(image.header().l1_table_offset, raw).ok());
   return L1Offset(LoadBe64(raw));
+}
+
+// The host offset of refcount block `index`, as the refcount table on disk
+// says (0: none).
+inline uint64_t RefcountBlock(Image& image, uint64_t index) {
+  uint8_t raw[8];
+  EXPECT_TRUE(
+      image.storage().ReadAt(image.header().refcount_table_offset + index * 8, raw).ok());
+  return LoadBe64(raw) & ~uint64_t{511};
+}
+
+// Check finds the closed image in `storage` whole: no corruption, no leak,
+// nothing it could not read. `context` goes into the failure messages.
+inline void ExpectWhole(io::Storage& storage, const std::string& context = "") {
+  auto report = Check(storage, RepairMode::kNone);
+  ASSERT_TRUE(report.has_value()) << context;
+  EXPECT_EQ(report->corruptions, 0u) << context;
+  EXPECT_EQ(report->leaks, 0u) << context;
+  EXPECT_EQ(report->check_errors, 0u) << context;
 }
 
 // A freshly created image on MemoryStorage. `storage` stays valid while the
