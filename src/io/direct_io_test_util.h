@@ -3,14 +3,18 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
 
+#include "io/storage.h"
 #include "util/capability_test_util.h"
 #include "util/temp_dir_test_util.h"
 
@@ -70,6 +74,30 @@ inline std::string NoDirectIoReason() {
     tried += (tried.empty() ? "" : ", ") + dir;
   return "no directory accepts O_DIRECT (tried " + tried +
          "; set THINDISK_ODIRECT_DIR to one that does)";
+}
+
+constexpr size_t kPage = 4096;
+
+// Whether the page at `offset` is in the page cache, per mincore(2) on a
+// mapping of it (which, unlike a read, starts no readahead).
+inline bool PageCached(int fd, uint64_t offset) {
+  void* p = mmap(nullptr, kPage, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(offset));
+  EXPECT_NE(p, MAP_FAILED) << "mmap: " << errno;
+  if (p == MAP_FAILED) return false;
+  unsigned char vec = 0;
+  EXPECT_EQ(mincore(p, kPage, &vec), 0) << "mincore: " << errno;
+  munmap(p, kPage);
+  return (vec & 1) != 0;
+}
+
+// Drops the file's pages from the page cache; false if some stay.
+inline bool DropCache(Storage& s) {
+  if (!s.Flush().ok()) return false;
+  for (int i = 0; i < 3; ++i) {
+    if (posix_fadvise(s.ReadFd(), 0, 0, POSIX_FADV_DONTNEED) != 0) return false;
+    if (!PageCached(s.ReadFd(), kPage)) return true;
+  }
+  return false;
 }
 
 }  // namespace thindisk::io::test_util

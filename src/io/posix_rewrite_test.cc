@@ -3,7 +3,6 @@
 // WriteAt, and reads through the page cache see the new bytes either way.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -19,38 +18,18 @@ namespace thindisk::io {
 namespace {
 
 using test_util::DirectIoDir;
+using test_util::DropCache;
 using test_util::NoDirectIoReason;
+using test_util::PageCached;
 using test_util::TempDir;
 
-constexpr size_t kPage = 4096;
+constexpr size_t kPage = test_util::kPage;
 
 std::vector<uint8_t> Pattern(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);
   std::mt19937 rng(seed);
   for (auto& b : v) b = static_cast<uint8_t>(rng());
   return v;
-}
-
-// Whether the page at `offset` is in the page cache, per mincore(2) on a
-// mapping of it (which, unlike a read, starts no readahead).
-bool PageCached(int fd, uint64_t offset) {
-  void* p = mmap(nullptr, kPage, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(offset));
-  EXPECT_NE(p, MAP_FAILED) << "mmap: " << errno;
-  if (p == MAP_FAILED) return false;
-  unsigned char vec = 0;
-  EXPECT_EQ(mincore(p, kPage, &vec), 0) << "mincore: " << errno;
-  munmap(p, kPage);
-  return (vec & 1) != 0;
-}
-
-// Drops the file's pages from the page cache; false if some stay.
-bool DropCache(Storage& s) {
-  if (!s.Flush().ok()) return false;
-  for (int i = 0; i < 3; ++i) {
-    if (posix_fadvise(s.ReadFd(), 0, 0, POSIX_FADV_DONTNEED) != 0) return false;
-    if (!PageCached(s.ReadFd(), kPage)) return true;
-  }
-  return false;
 }
 
 class Rewrites : public ::testing::Test {

@@ -5,6 +5,7 @@
 #include <linux/fs.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,16 +67,31 @@ uint32_t DirectIoAlign(int fd) {
 
 // A second descriptor of the file open as `fd`, with O_DIRECT; -1 where
 // the filesystem refuses O_DIRECT or /proc is not mounted.
-int ReopenDirect(int fd) {
+int ReopenDirect(int fd, bool read_only) {
   const std::string self = "/proc/self/fd/" + std::to_string(fd);
-  return open(self.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
+  return open(self.c_str(), (read_only ? O_RDONLY : O_RDWR) | O_DIRECT | O_CLOEXEC);
 }
+
+// cachestat(2) (Linux 6.5), declared here: Debian 12's kernel headers
+// predate it. The system call has the same number on every architecture.
+constexpr long kSysCachestat = 451;
+struct CachestatRange {
+  uint64_t off;
+  uint64_t len;
+};
+struct Cachestat {
+  uint64_t nr_cache;
+  uint64_t nr_dirty;
+  uint64_t nr_writeback;
+  uint64_t nr_evicted;
+  uint64_t nr_recently_evicted;
+};
 
 }  // namespace
 
 PosixStorage::PosixStorage(int fd, std::string path, const OpenOptions& options,
                            bool direct, uint32_t block_size, bool is_block_device,
-                           int rewrite_fd)
+                           int direct_fd)
     : fd_(fd),
       path_(std::move(path)),
       read_only_(options.read_only),
@@ -83,11 +99,11 @@ PosixStorage::PosixStorage(int fd, std::string path, const OpenOptions& options,
       direct_(direct),
       block_size_(block_size),
       is_block_device_(is_block_device),
-      rewrite_fd_(rewrite_fd) {}
+      direct_fd_(direct_fd) {}
 
 PosixStorage::~PosixStorage() {
   close(fd_);
-  if (rewrite_fd_ >= 0) close(rewrite_fd_);
+  if (direct_fd_ >= 0) close(direct_fd_);
 }
 
 Status PosixStorage::Error(int e, const char* op) const {
@@ -135,7 +151,47 @@ Status PosixStorage::ReadAt(uint64_t offset, std::span<uint8_t> buf) {
   TD_RETURN_IF_ERROR(CheckRange(path_, offset, buf.size()));
   if (buf.empty()) return Status::Ok();
   if (direct_) return DirectRead(offset, buf);
+  if (direct_fd_ >= 0 && ReadFdFor(offset, buf) == direct_fd_)
+    return ColdRead(offset, buf);
   return PreadFull(offset, buf);
+}
+
+int PosixStorage::ReadFdFor(uint64_t offset, std::span<const uint8_t> dst) const {
+  if (direct_) return -1;
+  const uint64_t align = block_size_;
+  if (direct_fd_ < 0 || dst.size() < kColdDirectMin || !cold_reads_ok_.load() ||
+      offset % align != 0 || dst.size() % align != 0 ||
+      reinterpret_cast<uintptr_t>(dst.data()) % align != 0) {
+    return fd_;
+  }
+  CachestatRange range{offset, dst.size()};
+  Cachestat stat{};
+  if (syscall(kSysCachestat, fd_, &range, &stat, 0) != 0) {
+    // A kernel before 6.5, a filter that refuses the call, a file the
+    // kernel cannot count: read through the page cache from now on.
+    if (errno == ENOSYS || errno == EPERM || errno == EOPNOTSUPP) cold_reads_ok_ = false;
+    return fd_;
+  }
+  if (stat.nr_cache != 0) return fd_;
+  ++cold_direct_reads_;
+  return direct_fd_;
+}
+
+Status PosixStorage::ColdRead(uint64_t offset, std::span<uint8_t> buf) {
+  ssize_t n;
+  do {
+    n = pread(direct_fd_, buf.data(), buf.size(), static_cast<off_t>(offset));
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && errno != EINVAL) return Error(errno, "pread (O_DIRECT)");
+  if (n < 0) {
+    cold_reads_ok_ = false;  // refused as misaligned: nothing was read
+    n = 0;
+  }
+  // The file's end inside the range (a short count), or the refusal: the
+  // rest as ReadAt reads it, zeros past the end.
+  const size_t done = static_cast<size_t>(n);
+  if (done < buf.size()) return PreadFull(offset + done, buf.subspan(done));
+  return Status::Ok();
 }
 
 Status PosixStorage::WriteAt(uint64_t offset, std::span<const uint8_t> buf) {
@@ -160,7 +216,7 @@ Status PosixStorage::RewriteAt(uint64_t offset, std::span<const uint8_t> buf) {
   std::memcpy(bounce.get(), buf.data(), buf.size());
   ssize_t n;
   do {
-    n = pwrite(rewrite_fd_, bounce.get(), buf.size(), static_cast<off_t>(offset));
+    n = pwrite(direct_fd_, bounce.get(), buf.size(), static_cast<off_t>(offset));
   } while (n < 0 && errno == EINTR);
   if (n < 0 && errno == EINVAL) {
     // Refused as misaligned after all: nothing was written.
@@ -484,17 +540,18 @@ Result<std::unique_ptr<Storage>> OpenFile(const std::string& path, const OpenOpt
       block_size = align;
     }
   }
-  int rewrite_fd = -1;
-  if (!options.read_only && options.cache == CacheMode::kWriteback &&
+  int direct_fd = -1;
+  if (options.cache == CacheMode::kWriteback &&
       (S_ISREG(st.st_mode) || is_block_device)) {
-    // RewriteAt's descriptor, where the kernel says the alignment it needs.
+    // RewriteAt's and cold reads' descriptor, where the kernel says the
+    // alignment it needs.
     if (const uint32_t align = DirectIoAlign(fd); align != 0) {
-      rewrite_fd = ReopenDirect(fd);
-      if (rewrite_fd >= 0) block_size = align;
+      direct_fd = ReopenDirect(fd, options.read_only);
+      if (direct_fd >= 0) block_size = align;
     }
   }
   return std::unique_ptr<Storage>(std::make_unique<PosixStorage>(
-      fd, path, options, direct, block_size, is_block_device, rewrite_fd));
+      fd, path, options, direct, block_size, is_block_device, direct_fd));
 }
 
 }  // namespace thindisk::io

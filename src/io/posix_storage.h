@@ -30,6 +30,19 @@
 // descriptor. The kernel writes back and drops any cached page a direct
 // write covers, so reads through the page cache see the new bytes.
 //
+// The same descriptor (opened read-only for a read-only file) serves cold
+// reads: a read of at least kColdDirectMin bytes, aligned like a direct
+// write, none of whose pages the page cache holds (cachestat(2), Linux
+// 6.5), goes around the page cache (ReadAt, and ReadFdFor for a ring). On a
+// virtual machine whose free memory the host takes back (free page
+// reporting), each page-cache page a cold read fills costs the host a fault
+// on first touch: buffered 1 MiB reads ran at 0.3-0.9 GB/s there with the
+// disk idle most of the time, direct ones at 1.1-2.4 GB/s
+// (docs/performance.md, "What W7's cold reads cost"). A range with any page
+// cached (dirty ones included) is read through the page cache as before;
+// the kernel writes back dirty pages a direct read overlaps anyway, so a
+// write racing the check is still read.
+//
 // Thread safety: all methods may be called concurrently (see storage.h).
 // Errors carry the path: "disk.qcow2: pwrite: No space left on device".
 #pragma once
@@ -49,12 +62,17 @@ namespace thindisk::io {
 
 class PosixStorage final : public Storage {
  public:
-  // Takes ownership of `fd` and `rewrite_fd`. `direct` means fd has
-  // O_DIRECT; `rewrite_fd`, if not -1, is a second descriptor of the same
-  // file opened O_DIRECT, for RewriteAt. Direct transfers, on either, must
-  // be aligned to `block_size` (a power of two).
+  // The smallest read that may go around the page cache when cold: above
+  // every qcow2 metadata read and 4 KiB random read, below a sequential
+  // reader's 1 MiB.
+  static constexpr size_t kColdDirectMin = 256u << 10;
+
+  // Takes ownership of `fd` and `direct_fd`. `direct` means fd has
+  // O_DIRECT; `direct_fd`, if not -1, is a second descriptor of the same
+  // file opened O_DIRECT, for RewriteAt and cold reads. Direct transfers,
+  // on either, must be aligned to `block_size` (a power of two).
   PosixStorage(int fd, std::string path, const OpenOptions& options, bool direct,
-               uint32_t block_size, bool is_block_device, int rewrite_fd = -1);
+               uint32_t block_size, bool is_block_device, int direct_fd = -1);
   ~PosixStorage() override;
   PosixStorage(const PosixStorage&) = delete;
   PosixStorage& operator=(const PosixStorage&) = delete;
@@ -73,13 +91,19 @@ class PosixStorage final : public Storage {
   Result<uint64_t> AllocatedBytes() override;
   uint64_t bytes_written() const override { return bytes_written_.load(); }
   int ReadFd() const override { return direct_ ? -1 : fd_; }
+  int ReadFdFor(uint64_t offset, std::span<const uint8_t> dst) const override;
   const std::string& name() const override { return path_; }
 
   bool direct() const { return direct_; }
   // The alignment of direct transfers (when direct() or rewrites_direct()).
   uint32_t block_size() const { return block_size_; }
   // Whether RewriteAt can send aligned runs around the page cache.
-  bool rewrites_direct() const { return rewrite_fd_ >= 0 && rewrite_ok_.load(); }
+  bool rewrites_direct() const {
+    return direct_fd_ >= 0 && !read_only_ && rewrite_ok_.load();
+  }
+  // Reads sent around the page cache as cold (ReadAt's, and descriptors
+  // ReadFdFor handed out).
+  uint64_t cold_direct_reads() const { return cold_direct_reads_.load(); }
 
  private:
   static constexpr size_t kStripes = 64;
@@ -89,6 +113,9 @@ class PosixStorage final : public Storage {
   // Plain loops: the caller guarantees alignment when direct_.
   Status PreadFull(uint64_t offset, std::span<uint8_t> buf);
   Status PwriteFull(uint64_t offset, std::span<const uint8_t> buf);
+  // ReadAt of a cold range through direct_fd_; the bytes a direct read
+  // could not give (the file's end, a refusal) through the page cache.
+  Status ColdRead(uint64_t offset, std::span<uint8_t> buf);
   // O_DIRECT paths for requests that are not fully aligned.
   Status DirectRead(uint64_t offset, std::span<uint8_t> buf);
   Status DirectWrite(uint64_t offset, std::span<const uint8_t> buf);
@@ -105,10 +132,14 @@ class PosixStorage final : public Storage {
   const bool direct_;
   const uint32_t block_size_;
   const bool is_block_device_;
-  // The O_DIRECT descriptor for RewriteAt, -1 for none; rewrite_ok_ turns
-  // false for good if the kernel refuses a direct write as misaligned.
-  const int rewrite_fd_;
+  // The O_DIRECT descriptor for RewriteAt and cold reads, -1 for none;
+  // rewrite_ok_ turns false for good if the kernel refuses a direct write
+  // as misaligned, cold_reads_ok_ if it refuses a direct read or cannot
+  // say what the page cache holds.
+  const int direct_fd_;
   std::atomic<bool> rewrite_ok_{true};
+  mutable std::atomic<bool> cold_reads_ok_{true};
+  mutable std::atomic<uint64_t> cold_direct_reads_{0};
   std::atomic<uint64_t> bytes_written_{0};
   // Serializes RMWs that touch the same block (block index % kStripes).
   std::array<std::mutex, kStripes> stripes_;

@@ -118,6 +118,14 @@ class Storage {
   // ReadAt does more than pread (O_DIRECT bounce buffers, RADOS, the test
   // and bench wrappers). Valid while the storage lives.
   virtual int ReadFd() const { return -1; }
+  // The descriptor for one read of `dst.size()` bytes at `offset` into
+  // `dst`: ReadFd(), or (PosixStorage, a large read none of whose bytes
+  // are cached) one open O_DIRECT whose pread reads the same bytes around
+  // the page cache. A pread there may fail with EINVAL or stop short: the
+  // caller reads what is left with ReadAt.
+  virtual int ReadFdFor(uint64_t /*offset*/, std::span<const uint8_t> /*dst*/) const {
+    return ReadFd();
+  }
 
   // The caller is about to perform step `e` (see Event). Purely a hint for
   // fault injection and tracing: the default does nothing, and no

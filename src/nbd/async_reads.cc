@@ -26,8 +26,8 @@ class RingReads final : public AsyncReads {
     ++pending_;
     if (reads.empty()) return Finish(op);
     for (const HostRead& r : reads) {
-      auto* piece = new Piece{op, r};
-      const int fd = r.storage->ReadFd();
+      const int fd = r.storage->ReadFdFor(r.offset, r.dst);
+      auto* piece = new Piece{op, r, fd != r.storage->ReadFd()};
       io_uring_sqe* sqe = fd < 0 ? nullptr : NextSqe();
       if (sqe == nullptr) {  // no descriptor, or no ring: read it here
         Complete(piece, -EAGAIN);
@@ -91,6 +91,7 @@ class RingReads final : public AsyncReads {
   struct Piece {
     std::shared_ptr<Op> op;
     HostRead read;
+    bool direct;  // through the storage's O_DIRECT descriptor (ReadFdFor)
   };
 
   // A free submission entry (submitting the full queue first when there
@@ -107,7 +108,7 @@ class RingReads final : public AsyncReads {
     std::unique_ptr<Piece> owned(piece);
     const HostRead& r = piece->read;
     Status s;
-    if (res == -EAGAIN || res == -EINTR) {
+    if (res == -EAGAIN || res == -EINTR || (res == -EINVAL && piece->direct)) {
       s = r.storage->ReadAt(r.offset, r.dst);
     } else if (res < 0) {
       s = Status::FromErrno(-res, r.storage->name() + ": read");

@@ -32,7 +32,8 @@ namespace thindisk::nbd {
 class AsyncReads {
  public:
   // One host read: `dst.size()` bytes of `storage` at `offset`, through
-  // its ReadFd() (a storage without one is read at once by ReadAt).
+  // its ReadFdFor() (a storage without one is read at once by ReadAt; a
+  // direct read the kernel refuses is read again by ReadAt).
   struct HostRead {
     io::Storage* storage;
     uint64_t offset;

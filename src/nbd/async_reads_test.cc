@@ -11,10 +11,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "io/direct_io_test_util.h"
 #include "io/forwarding_storage.h"
 #include "io/memory_storage.h"
 #include "io/posix_storage.h"
@@ -161,6 +164,65 @@ TEST_F(AsyncReadsTest, NothingToReadIsDoneAtOnceAndTheRingFdWakesPoll) {
   ring_->Reap(0);
   EXPECT_TRUE(done);
   EXPECT_TRUE(std::equal(buf.begin(), buf.end(), data_.begin() + 8192));
+}
+
+// A cold read of 1 MiB on a file open with the page cache goes through the
+// storage's O_DIRECT descriptor (PosixStorage::ReadFdFor) and reads the
+// file's bytes; a direct read the kernel refuses (EINVAL) is read again by
+// ReadAt, so the READ still succeeds.
+TEST_F(AsyncReadsTest, AColdLargeReadGoesDirectAndARefusedOneIsReadAgain) {
+  const std::string direct_dir = io::test_util::DirectIoDir();
+  TD_REQUIRE_CAPABILITY(!direct_dir.empty(), io::test_util::NoDirectIoReason());
+  io::test_util::TempDir dir(direct_dir);
+  ASSERT_TRUE(dir.ok());
+  io::OpenOptions o;
+  o.create = true;
+  auto opened = io::OpenFile(dir.File("cold"), o);
+  ASSERT_TRUE(opened.has_value()) << opened.status().ToString();
+  auto* file = static_cast<io::PosixStorage*>(opened->get());
+  ASSERT_TRUE(file->WriteAt(0, data_).ok());
+  ASSERT_TRUE(file->Flush().ok());
+  ASSERT_EQ(posix_fadvise(file->ReadFd(), 0, 0, POSIX_FADV_DONTNEED), 0);
+  void* mem = nullptr;
+  ASSERT_EQ(posix_memalign(&mem, 4096, data_.size() + 4096), 0);
+  std::unique_ptr<uint8_t, decltype(&std::free)> owned(static_cast<uint8_t*>(mem),
+                                                       &std::free);
+  std::span<uint8_t> buf(owned.get(), data_.size());
+  TD_REQUIRE_CAPABILITY(file->ReadFdFor(0, buf) != file->ReadFd(),
+                        "no cold reads here (statx STATX_DIOALIGN, Linux 6.1; "
+                        "cachestat(2), Linux 6.5)");
+  const uint64_t before = file->cold_direct_reads();
+  Status status = Status::Internal("not done");
+  const AsyncReads::HostRead cold[] = {{file, 0, buf}};
+  ring_->Add(cold, [&](Status s) { status = s; });
+  Drain();
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_TRUE(std::equal(buf.begin(), buf.end(), data_.begin()));
+  EXPECT_EQ(file->cold_direct_reads(), before + 1);
+
+  // A storage whose direct descriptor the kernel refuses for this read:
+  // offset and memory one byte off the alignment O_DIRECT needs.
+  struct Refused final : io::ForwardingStorage {
+    Refused(std::unique_ptr<io::Storage> inner, int fd)
+        : ForwardingStorage(std::move(inner)), fd(fd) {}
+    int ReadFd() const override { return -2; }  // never used: not -1, not fd
+    int ReadFdFor(uint64_t, std::span<const uint8_t>) const override { return fd; }
+    int fd;
+  };
+  const int direct_fd = ::open(dir.File("cold").c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+  ASSERT_GE(direct_fd, 0);
+  auto mem_copy = io::NewMemoryStorage("copy");
+  ASSERT_TRUE(mem_copy->WriteAt(0, data_).ok());
+  Refused refused(std::move(mem_copy), direct_fd);
+  std::span<uint8_t> skewed(owned.get() + 1, data_.size() - 4097);
+  std::fill(skewed.begin(), skewed.end(), 0xee);
+  status = Status::Internal("not done");
+  const AsyncReads::HostRead again[] = {{&refused, 4097, skewed}};
+  ring_->Add(again, [&](Status s) { status = s; });
+  Drain();
+  ::close(direct_fd);
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  EXPECT_TRUE(std::equal(skewed.begin(), skewed.end(), data_.begin() + 4097));
 }
 
 }  // namespace

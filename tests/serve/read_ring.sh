@@ -13,6 +13,10 @@
 #      requests) and qemu-img convert over NBD give the image's bytes.
 #   3. Rewrites and discards while readers read (fio randrw), then the
 #      bytes again: the ring never reads a cluster freed under it.
+#   4. Cold reads (io/posix_storage.h): with the image and its base out of
+#      the page cache, 1 MiB READs give the same bytes and go around the
+#      page cache (fincore: the base stays out of it); read again once
+#      cached, they come from the cache.
 source "$(dirname "$0")/lib.sh"
 require_tool fio qemu-img qemu-io nbdcopy jq
 fio --enghelp=nbd >/dev/null 2>&1 || skip_or_fail "fio built without the nbd engine"
@@ -66,6 +70,51 @@ for aio in default threads; do
   cmp want.raw got.raw || fail "$aio: qemu-img convert over NBD read other bytes"
   stop_server "$pid" s
 done
+
+log "cold reads around the page cache"
+# evict FILE...: sync each file and drop its pages from the page cache.
+evict() {
+  python3 - "$@" <<'PY'
+import os, sys
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+PY
+}
+cached() { fincore -b -n -o RES "$1"; }
+# Cold reads need O_DIRECT in this directory and cachestat(2) (Linux 6.5).
+direct_ok=$(python3 -c 'import os
+try:
+    os.close(os.open("base.raw", os.O_RDONLY | os.O_DIRECT)); print(1)
+except OSError:
+    print(0)')
+kernel_ok=$(python3 -c 'import os; print(int(tuple(map(int, os.uname().release.split(".")[:2])) >= (6, 5)))')
+serve_unix s s.sock clone.qcow2
+pid=$SERVER_PID
+evict clone.qcow2 base.raw
+rm -f got.raw
+timeout 120 nbdcopy --connections=1 --requests=4 --request-size=1048576 \
+  "$(uri "$TMP/s.sock")" got.raw || fail "cold nbdcopy failed"
+cmp want.raw got.raw || fail "cold reads read other bytes"
+if ((direct_ok && kernel_ok)); then
+  # The clone's data and the base's 48 MiB were read, the base's in whole
+  # MiB through the ring: only what was read in smaller pieces (the ends
+  # of the clone's own ranges) may have gone through the page cache.
+  base_cached=$(cached base.raw)
+  ((base_cached <= 8 * M)) ||
+    fail "cold reads of the base went through the page cache: $base_cached bytes of it cached"
+  # Cached now (read by hand), the same READs come from the page cache.
+  cat base.raw clone.qcow2 >/dev/null
+  rm -f got.raw
+  timeout 120 nbdcopy --connections=1 --requests=4 --request-size=1048576 \
+    "$(uri "$TMP/s.sock")" got.raw || fail "warm nbdcopy failed"
+  cmp want.raw got.raw || fail "warm reads read other bytes"
+else
+  log "no O_DIRECT in $TMP or a kernel before 6.5: cold reads go through the page cache; bytes checked only"
+fi
+stop_server "$pid" s
 
 log "rewrites and discards while readers read"
 cp clone.qcow2 busy.qcow2
