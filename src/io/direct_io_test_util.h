@@ -78,16 +78,24 @@ inline std::string NoDirectIoReason() {
 
 constexpr size_t kPage = 4096;
 
-// Whether the page at `offset` is in the page cache, per mincore(2) on a
-// mapping of it (which, unlike a read, starts no readahead).
-inline bool PageCached(int fd, uint64_t offset) {
-  void* p = mmap(nullptr, kPage, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(offset));
+// How many pages of [offset, offset + len) the page cache holds, per
+// mincore(2) on a mapping of them (which, unlike a read, starts no
+// readahead).
+inline size_t CachedPages(int fd, uint64_t offset, size_t len) {
+  void* p = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(offset));
   EXPECT_NE(p, MAP_FAILED) << "mmap: " << errno;
-  if (p == MAP_FAILED) return false;
-  unsigned char vec = 0;
-  EXPECT_EQ(mincore(p, kPage, &vec), 0) << "mincore: " << errno;
-  munmap(p, kPage);
-  return (vec & 1) != 0;
+  if (p == MAP_FAILED) return 0;
+  std::vector<unsigned char> vec((len + kPage - 1) / kPage);
+  EXPECT_EQ(mincore(p, len, vec.data()), 0) << "mincore: " << errno;
+  munmap(p, len);
+  size_t n = 0;
+  for (unsigned char v : vec) n += v & 1;
+  return n;
+}
+
+// Whether the page at `offset` is in the page cache.
+inline bool PageCached(int fd, uint64_t offset) {
+  return CachedPages(fd, offset, kPage) != 0;
 }
 
 // Drops the file's pages from the page cache; false if some stay.

@@ -6,7 +6,6 @@
 // file's bytes, the file's end as zeros.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +21,7 @@
 namespace thindisk::io {
 namespace {
 
+using test_util::CachedPages;
 using test_util::DirectIoDir;
 using test_util::kPage;
 using test_util::NoDirectIoReason;
@@ -52,18 +52,6 @@ struct AlignedBuf {
   size_t size;
   std::unique_ptr<uint8_t[], Free> data;
 };
-
-// How many pages of [offset, offset + len) the page cache holds (mincore).
-size_t CachedPages(int fd, uint64_t offset, size_t len) {
-  void* p = mmap(nullptr, len, PROT_READ, MAP_SHARED, fd, static_cast<off_t>(offset));
-  EXPECT_NE(p, MAP_FAILED);
-  if (p == MAP_FAILED) return 0;
-  std::vector<unsigned char> vec(len / kPage);
-  EXPECT_EQ(mincore(p, len, vec.data()), 0);
-  munmap(p, len);
-  return size_t(
-      std::count_if(vec.begin(), vec.end(), [](unsigned char c) { return c & 1; }));
-}
 
 class ColdReads : public ::testing::Test {
  protected:
