@@ -117,6 +117,12 @@ class ServeCommand final : public Subcommand {
                   "Keep serving after the last client leaves (always so unless --once)");
     sub->add_flag("--once", once_, "Exit after the first client disconnects (qemu-nbd without -t)");
     sub->add_option("--threads", threads_, "Worker threads: requests in flight against the storage (default 8; each may hold 4 MiB)");
+    sub->add_option(
+           "--busy-poll", busy_poll_us_,
+           "Microseconds a connection's reader spins for the client's next request "
+           "before it sleeps (default 50; 0: never; adaptive, at most one reader "
+           "per CPU but one; docs/performance.md)")
+        ->check(CLI::Range(0, 10000));
     sub->add_flag("-n,--nocache", nocache_, "Same as --cache=none");
     sub->add_option("--cache", cache_,
                     "Host cache: writeback, none (O_DIRECT), writethrough (writes durable before "
@@ -411,6 +417,7 @@ class ServeCommand final : public Subcommand {
     so.async_reads = aio_ != "threads";
     so.max_connections = max_connections_;
     so.handshake_timeout = std::chrono::milliseconds(int64_t(handshake_timeout_ * 1000));
+    so.busy_poll = std::chrono::microseconds(busy_poll_us_);
     if (!quiet_) so.log = [](const std::string& line) { PrintWarning(line); };
     so.tls = tls_;
     if (tls_ && verbose_) Log(ServeTlsOptions::Describe(*tls_));
@@ -495,6 +502,7 @@ class ServeCommand final : public Subcommand {
   bool takeover_ = false;
   size_t max_connections_ = 64;  // docs/serve-limits.md: the memory bound
   double handshake_timeout_ = 10;  // seconds (--handshake-timeout)
+  int busy_poll_us_ = int(nbd::BusyPoll::kDefaultBudget.count());  // --busy-poll
   bool persistent_ = false;      // the default anyway
   bool once_ = false;
   size_t threads_ = 0;

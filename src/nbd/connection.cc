@@ -1,6 +1,7 @@
 #include "nbd/connection.h"
 
 #include <poll.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
@@ -134,7 +135,8 @@ Connection::Connection(int in_fd, int out_fd, const std::vector<Export>* exports
       cancel_fd_(cancel_fd),
       shutting_down_(shutting_down),
       options_(std::move(options)),
-      enter_transmission_(std::move(enter_transmission)) {}
+      enter_transmission_(std::move(enter_transmission)),
+      busy_poll_(options_.busy_poll, options_.busy_poll_slots.get()) {}
 
 Status Connection::Run() {
   Status s = Negotiate();
@@ -277,12 +279,21 @@ Status Connection::Drop(uint64_t length) {
   return transport_->Skip(length - have);
 }
 
-bool Connection::RunInline(const Request& r) const {
-  if (r.type == kCmdFlush || r.length > options_.inline_max_bytes) return false;
+bool Connection::RunInline(const Request& r) {
   // Nothing of ours is on the pool and no further request is buffered (a
   // low queue depth): nothing waits behind this request, and a hand-off
   // would only add two context switches.
-  if (rpos_ == rend_ && on_pool_.load(std::memory_order_acquire) == 0) return true;
+  const bool alone = rpos_ == rend_ && on_pool_.load(std::memory_order_acquire) == 0;
+  lone_requests_ = alone ? std::min(lone_requests_ + 1, kLoneRequestsForFlush) : 0;
+  // A flush may take long (a disk's sync, a remote store), and a request
+  // the client pipelines behind one run here would wait for it. So only a
+  // client that has sent its last requests one at a time, waiting for each
+  // reply (a database's write and flush at QD1), gets its flushes run here:
+  // for it the hand-off costs two wake-ups per flush (the worker's, then
+  // this reader's for the next request) and nothing runs in parallel.
+  if (r.type == kCmdFlush) return alone && lone_requests_ >= kLoneRequestsForFlush;
+  if (r.length > options_.inline_max_bytes) return false;
+  if (alone) return true;
   // Pipelined: a cached write is cheaper here than on the pool (see
   // ConnectionOptions::inline_cached_writes); everything else runs in
   // parallel on the pool.
@@ -292,6 +303,12 @@ bool Connection::RunInline(const Request& r) const {
 
 Status Connection::Transmit() {
   rbuf_.resize(kReadAhead);
+  // Spinning looks at the socket itself, so not through a TLS session
+  // (which may hold decrypted bytes already) nor on a pipe (--stdio).
+  int type = 0;
+  socklen_t type_len = sizeof(type);
+  spin_ = options_.busy_poll.count() > 0 && !tls_active_ &&
+          getsockopt(in_fd_, SOL_SOCKET, SO_TYPE, &type, &type_len) == 0;
   for (;;) {
     // Reads may not poll cancel_fd_ while requests keep arriving.
     if (shutting_down_ != nullptr && shutting_down_->load()) return Status::Busy("cancelled");
@@ -496,8 +513,9 @@ bool Connection::ReadAsync(const Request& r, size_t cost) {
 }
 
 Status Connection::WaitForRequest() {
+  if (async_) TD_RETURN_IF_ERROR(async_->Submit());
+  if (spin_) SpinForRequest();
   if (!async_) return Status::Ok();
-  TD_RETURN_IF_ERROR(async_->Submit());
   while (async_->pending() > 0) {
     pollfd fds[3] = {
         {in_fd_, POLLIN, 0}, {async_->fd(), POLLIN, 0}, {cancel_fd_, POLLIN, 0}};
@@ -509,6 +527,16 @@ Status Connection::WaitForRequest() {
     if (cancel_fd_ >= 0 && fds[2].revents != 0) return Status::Busy("cancelled");
   }
   return Status::Ok();
+}
+
+void Connection::SpinForRequest() {
+  busy_poll_.Spin([this] {
+    if (async_ && async_->pending() > 0) async_->Reap(0);
+    uint8_t byte;
+    if (recv(in_fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0) return true;  // or its end
+    // Anything but "nothing yet" is for the read after the spin to report.
+    return errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR;
+  });
 }
 
 void Connection::DrainAsync() {

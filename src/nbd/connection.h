@@ -69,6 +69,7 @@
 #include <vector>
 
 #include "nbd/async_reads.h"
+#include "nbd/busy_poll.h"
 #include "nbd/export.h"
 #include "nbd/negotiation.h"
 #include "nbd/payload_buffer.h"
@@ -108,6 +109,13 @@ struct ConnectionOptions {
   // (async_reads.h), where the device can plan them, the transport is
   // plain and the kernel gives a ring; the rest still go to the pool.
   bool async_reads = true;
+  // Before blocking for the client's next bytes, the reader spins this long
+  // for them (busy_poll.h): at a low queue depth the CPU then stays awake
+  // for a request that comes microseconds after the reply. 0: never. Not
+  // under TLS or on a pipe.
+  std::chrono::microseconds busy_poll{BusyPoll::kDefaultBudget};
+  // How many readers of a server spin at once; nullptr: no limit.
+  std::shared_ptr<BusyPoll::Slots> busy_poll_slots;
 };
 
 // An encoded reply waiting to be sent: small headers and, for READ, the
@@ -160,7 +168,9 @@ class Connection {
   Status Buffer(size_t need);
   Status TakeInto(std::span<uint8_t> out);
   Status Drop(uint64_t length);
-  bool RunInline(const Request& r) const;
+  // Whether the reader runs `r` itself rather than the pool; counts
+  // lone_requests_, so it is asked once per valid request.
+  bool RunInline(const Request& r);
 
   // Flow control.
   size_t Cost(const Request& r) const;
@@ -179,6 +189,9 @@ class Connection {
   // Reader only: before blocking on the client, submits the ring's reads
   // and reaps their completions until the client's next bytes arrive.
   Status WaitForRequest();
+  // Reader only: spins (busy_poll.h) until the client's next bytes are
+  // there, reaping the ring's completions meanwhile.
+  void SpinForRequest();
   // Reader only, on the way out: reaps every ring read still out.
   void DrainAsync();
   OutgoingReply ExecuteBlockStatus(const Request& r);
@@ -218,12 +231,21 @@ class Connection {
   bool tls_active_ = false;  // STARTTLS happened (Negotiate)
   // Ring reads (ReadAsync); reader thread only. Null without one.
   std::unique_ptr<AsyncReads> async_;
+  // Spinning for requests (SpinForRequest); reader thread only. Set up in
+  // Transmit: off under TLS and on anything but a socket.
+  BusyPoll busy_poll_;
+  bool spin_ = false;
 
   // Read-ahead of the transmission phase: bytes [rpos_, rend_) of rbuf_
   // are received but not consumed. Reader thread only.
   std::vector<uint8_t> rbuf_;
   size_t rpos_ = 0;
   size_t rend_ = 0;
+
+  // Requests in a row that found nothing else of this connection in flight
+  // or buffered (RunInline), up to kLoneRequestsForFlush. Reader only.
+  static constexpr size_t kLoneRequestsForFlush = 8;
+  size_t lone_requests_ = 0;
 
   // Requests of this connection queued or running on the pool.
   std::atomic<size_t> on_pool_{0};

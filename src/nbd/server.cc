@@ -68,10 +68,22 @@ Result<std::unique_ptr<Server>> Server::Create(std::vector<Export> exports,
       new Server(std::move(exports), std::move(options), shutdown_fd, wake_fd));
 }
 
+namespace {
+
+// The server's connections share one limit on readers spinning at once.
+ServerOptions WithSpinSlots(ServerOptions options) {
+  if (!options.connection.busy_poll_slots)
+    options.connection.busy_poll_slots =
+        std::make_shared<BusyPoll::Slots>(BusyPoll::Slots::DefaultLimit());
+  return options;
+}
+
+}  // namespace
+
 Server::Server(std::vector<Export> exports, ServerOptions options, int shutdown_fd,
                int wake_fd)
     : exports_(std::move(exports)),
-      options_(std::move(options)),
+      options_(WithSpinSlots(std::move(options))),
       shutdown_fd_(shutdown_fd),
       wake_fd_(wake_fd),
       pool_(options_.threads) {}
@@ -430,6 +442,7 @@ Status RunServer(const ServeOptions& options, std::vector<Export> exports) {
   so.connection.max_inflight_bytes = options.max_inflight_bytes;
   so.connection.inline_cached_writes = options.inline_cached_writes;
   so.connection.async_reads = options.async_reads;
+  so.connection.busy_poll = options.busy_poll;
   so.connection.log = options.log;
   if (options.tls) {
     so.connection.tls = options.tls;

@@ -225,6 +225,7 @@ struct ServeOptions {
   size_t max_inflight_bytes = 64u << 20;        // per connection
   bool inline_cached_writes = false;  // ConnectionOptions::inline_cached_writes
   bool async_reads = true;            // ConnectionOptions::async_reads
+  std::chrono::microseconds busy_poll{BusyPoll::kDefaultBudget};  // ConnectionOptions'
   std::function<void(const std::string&)> log;  // diagnostics; nullptr: silent
   // TLS: offered or required on every connection; SIGHUP re-reads its
   // credentials (logged through `log`).

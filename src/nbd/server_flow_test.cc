@@ -110,6 +110,34 @@ TEST_F(ServerTest, PipelinedCachedWritesRunOnTheReader) {
   EXPECT_EQ(disk_->max_concurrent_writes(), 1u);
 }
 
+// A client that waits for each reply gets its flushes run by the
+// connection's reader, as its writes are, once it has sent requests one at a
+// time for a while; before that they go to the pool.
+TEST_F(ServerTest, AClientsFlushesRunOnTheReaderOnceItSendsOneRequestAtATime) {
+  ServerOptions options;
+  options.threads = 8;
+  Start(options);
+  auto c = Open("disk", false);
+  for (int i = 0; i < 40; ++i) {
+    ASSERT_TRUE(c->SendRequest(0, kCmdWrite, 2 * i, uint64_t(i) * 4096, 4096,
+                               Pattern(4096, uint8_t(i)))
+                    .ok());
+    auto w = c->ReadReply();
+    ASSERT_TRUE(w.has_value()) << w.status().ToString();
+    ASSERT_TRUE(c->SendRequest(0, kCmdFlush, 2 * i + 1, 0, 0).ok());
+    auto f = c->ReadReply();
+    ASSERT_TRUE(f.has_value()) << f.status().ToString();
+    ASSERT_EQ(w->error | f->error, 0u);
+    // The first flush follows one lone request: a worker makes it.
+    if (i == 0) {
+      EXPECT_NE(disk_->last_flush_thread(), disk_->last_write_thread());
+    }
+  }
+  EXPECT_EQ(disk_->flushes(), 40u);
+  EXPECT_EQ(disk_->last_flush_thread(), disk_->last_write_thread());  // the reader
+  EXPECT_EQ(disk_->write_threads(), 1u);
+}
+
 TEST_F(ServerTest, SlowCachedWritesGoBackToThePool) {
   ServerOptions options;
   options.threads = 8;

@@ -41,6 +41,7 @@ Status MemoryDevice::Write(uint64_t offset, std::span<const uint8_t> buf,
   if (flags.fua) ++fua_writes_;
   std::lock_guard<std::mutex> lock(mu_);
   write_threads_.insert(std::this_thread::get_id());
+  last_write_thread_ = std::this_thread::get_id();
   std::copy(buf.begin(), buf.end(), data_.begin() + offset);
   for (uint64_t b = offset / kBlock; b * kBlock < offset + buf.size(); ++b)
     allocated_[b] = true;
@@ -86,7 +87,19 @@ Status MemoryDevice::Discard(uint64_t offset, uint64_t length) {
 
 Status MemoryDevice::Flush() {
   ++flushes_;
+  std::lock_guard<std::mutex> lock(mu_);
+  last_flush_thread_ = std::this_thread::get_id();
   return Status::Ok();
+}
+
+std::thread::id MemoryDevice::last_write_thread() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_write_thread_;
+}
+
+std::thread::id MemoryDevice::last_flush_thread() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_flush_thread_;
 }
 
 Result<block::Extent> MemoryDevice::GetStatus(uint64_t offset, uint64_t max_length) {

@@ -44,6 +44,9 @@ class MemoryDevice : public block::Device {
   size_t max_concurrent_writes() const { return max_concurrent_writes_.load(); }
   // How many different threads have called Write.
   size_t write_threads() const;
+  // The threads that made the last Write and the last Flush.
+  std::thread::id last_write_thread() const;
+  std::thread::id last_flush_thread() const;
   void set_fail_reads(bool fail) { fail_reads_ = fail; }
   // WriteZeroes with fast_only fails with kNotSupported (a device that
   // cannot zero quickly).
@@ -61,6 +64,8 @@ class MemoryDevice : public block::Device {
   std::vector<uint8_t> data_;    // guarded by mu_
   std::vector<bool> allocated_;  // per kBlock, guarded by mu_
   std::set<std::thread::id> write_threads_;  // guarded by mu_
+  std::thread::id last_write_thread_;        // guarded by mu_
+  std::thread::id last_flush_thread_;        // guarded by mu_
   std::atomic<size_t> flushes_{0};
   std::atomic<size_t> fua_writes_{0};
   std::atomic<bool> fail_reads_{false};
