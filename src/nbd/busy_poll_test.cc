@@ -125,6 +125,29 @@ TEST_F(ServerTest, AQd1ClientsRequestsAreCaughtWhileTheReaderSpins) {
   EXPECT_EQ(slots->misses, 0u);
 }
 
+// With a request out on the pool the client waits for its reply, not the
+// other way round: the reader sleeps instead of spinning, and spins again
+// once the reply is out.
+TEST_F(ServerTest, TheReaderDoesNotSpinWhileARequestIsOnThePool) {
+  ServerOptions options;
+  options.connection.busy_poll = 100ms;
+  auto slots = std::make_shared<BusyPoll::Slots>(1);
+  options.connection.busy_poll_slots = slots;
+  Start(options);
+  disk_->set_write_delay_ms(300);  // far past the budget
+  auto c = Open("disk", false);
+  constexpr uint32_t kLength = 512 << 10;  // too long to run on the reader
+  ASSERT_TRUE(c->SendRequest(0, kCmdWrite, 1, 0, kLength, Pattern(kLength, 7)).ok());
+  auto w = c->ReadReply();
+  ASSERT_TRUE(w.has_value()) << w.status().ToString();
+  ASSERT_EQ(w->error, 0u);
+  ASSERT_TRUE(c->SendRequest(0, kCmdRead, 2, 0, 4096).ok());  // caught by a spin
+  auto r = c->ReadReply(4096);
+  ASSERT_TRUE(r.has_value()) << r.status().ToString();
+  EXPECT_EQ(slots->misses, 0u);
+  EXPECT_GE(slots->hits, 1u);
+}
+
 TEST_F(ServerTest, WithoutBusyPollTheReaderNeverSpins) {
   ServerOptions options;
   options.connection.busy_poll = 0us;

@@ -514,7 +514,11 @@ bool Connection::ReadAsync(const Request& r, size_t cost) {
 
 Status Connection::WaitForRequest() {
   if (async_) TD_RETURN_IF_ERROR(async_->Submit());
-  if (spin_) SpinForRequest();
+  // Spin only when the client has every reply: its next request is then
+  // what ends the wait. With requests out (on the pool or the ring), the
+  // client sends more as replies reach it, so the wait may be long, and the
+  // CPU is wanted by the workers and the client.
+  if (spin_ && on_pool_.load(std::memory_order_acquire) == 0) SpinForRequest();
   if (!async_) return Status::Ok();
   while (async_->pending() > 0) {
     pollfd fds[3] = {
@@ -531,7 +535,6 @@ Status Connection::WaitForRequest() {
 
 void Connection::SpinForRequest() {
   busy_poll_.Spin([this] {
-    if (async_ && async_->pending() > 0) async_->Reap(0);
     uint8_t byte;
     if (recv(in_fd_, &byte, 1, MSG_PEEK | MSG_DONTWAIT) >= 0) return true;  // or its end
     // Anything but "nothing yet" is for the read after the spin to report.

@@ -190,7 +190,7 @@ class Connection {
   // and reaps their completions until the client's next bytes arrive.
   Status WaitForRequest();
   // Reader only: spins (busy_poll.h) until the client's next bytes are
-  // there, reaping the ring's completions meanwhile.
+  // there. Called with nothing of the connection in flight.
   void SpinForRequest();
   // Reader only, on the way out: reaps every ring read still out.
   void DrainAsync();
