@@ -284,14 +284,14 @@ bool Connection::RunInline(const Request& r) {
   // low queue depth): nothing waits behind this request, and a hand-off
   // would only add two context switches.
   const bool alone = rpos_ == rend_ && on_pool_.load(std::memory_order_acquire) == 0;
-  lone_requests_ = alone ? std::min(lone_requests_ + 1, kLoneRequestsForFlush) : 0;
+  lone_requests_ = alone ? std::min(lone_requests_ + 1, kLoneRequests) : 0;
   // A flush may take long (a disk's sync, a remote store), and a request
   // the client pipelines behind one run here would wait for it. So only a
   // client that has sent its last requests one at a time, waiting for each
   // reply (a database's write and flush at QD1), gets its flushes run here:
   // for it the hand-off costs two wake-ups per flush (the worker's, then
   // this reader's for the next request) and nothing runs in parallel.
-  if (r.type == kCmdFlush) return alone && lone_requests_ >= kLoneRequestsForFlush;
+  if (r.type == kCmdFlush) return alone && lone_requests_ >= kLoneRequests;
   if (r.length > options_.inline_max_bytes) return false;
   if (alone) return true;
   // Pipelined: a cached write is cheaper here than on the pool (see
@@ -514,11 +514,16 @@ bool Connection::ReadAsync(const Request& r, size_t cost) {
 
 Status Connection::WaitForRequest() {
   if (async_) TD_RETURN_IF_ERROR(async_->Submit());
-  // Spin only when the client has every reply: its next request is then
-  // what ends the wait. With requests out (on the pool or the ring), the
-  // client sends more as replies reach it, so the wait may be long, and the
-  // CPU is wanted by the workers and the client.
-  if (spin_ && on_pool_.load(std::memory_order_acquire) == 0) SpinForRequest();
+  // Spin only for a client that sends one request at a time and waits for
+  // its reply (lone_requests_), and only when it has every reply: its next
+  // request is then what ends the wait, and it comes soon. With requests
+  // out (on the pool or the ring) it may come only after a reply; and a
+  // client that pipelines keeps the CPUs busy itself (with workers and the
+  // kernel's writeback beside it, a spinning reader was seen to cost 4 KiB
+  // writes at QD16 a third and more in some runs).
+  if (spin_ && lone_requests_ >= kLoneRequests &&
+      on_pool_.load(std::memory_order_acquire) == 0)
+    SpinForRequest();
   if (!async_) return Status::Ok();
   while (async_->pending() > 0) {
     pollfd fds[3] = {

@@ -190,7 +190,7 @@ class Connection {
   // and reaps their completions until the client's next bytes arrive.
   Status WaitForRequest();
   // Reader only: spins (busy_poll.h) until the client's next bytes are
-  // there. Called with nothing of the connection in flight.
+  // there. Called for a lone client with nothing of it in flight.
   void SpinForRequest();
   // Reader only, on the way out: reaps every ring read still out.
   void DrainAsync();
@@ -243,8 +243,10 @@ class Connection {
   size_t rend_ = 0;
 
   // Requests in a row that found nothing else of this connection in flight
-  // or buffered (RunInline), up to kLoneRequestsForFlush. Reader only.
-  static constexpr size_t kLoneRequestsForFlush = 8;
+  // or buffered (RunInline), up to kLoneRequests: at kLoneRequests the
+  // client is taken to send one request at a time, and the reader spins for
+  // its requests (WaitForRequest) and makes its flushes. Reader only.
+  static constexpr size_t kLoneRequests = 8;
   size_t lone_requests_ = 0;
 
   // Requests of this connection queued or running on the pool.
