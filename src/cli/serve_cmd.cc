@@ -119,9 +119,9 @@ class ServeCommand final : public Subcommand {
     sub->add_option("--threads", threads_, "Worker threads: requests in flight against the storage (default 8; each may hold 4 MiB)");
     sub->add_option(
            "--busy-poll", busy_poll_us_,
-           "Microseconds a connection's reader spins for the client's next request "
-           "before it sleeps (default 50; 0: never; adaptive, at most one reader "
-           "per CPU but one; docs/performance.md)")
+           "Microseconds a connection's reader spins for the next request of a client "
+           "that sends one at a time, before it sleeps (default 50; 0: never; adaptive, "
+           "at most one reader per CPU but one; docs/performance.md)")
         ->check(CLI::Range(0, 10000));
     sub->add_flag("-n,--nocache", nocache_, "Same as --cache=none");
     sub->add_option("--cache", cache_,
