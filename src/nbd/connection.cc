@@ -1,7 +1,6 @@
 #include "nbd/connection.h"
 
 #include <poll.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <array>
@@ -9,6 +8,7 @@
 #include <cstring>
 
 #include "io/storage.h"
+#include "nbd/fd_io.h"
 #include "util/endian.h"
 
 namespace thindisk::nbd {
@@ -267,10 +267,7 @@ Status Connection::Transmit() {
   rbuf_.resize(kReadAhead);
   // Spinning looks at the socket itself, so not through a TLS session
   // (which may hold decrypted bytes already) nor on a pipe (--stdio).
-  int type = 0;
-  socklen_t type_len = sizeof(type);
-  spin_ = options_.busy_poll.count() > 0 && !tls_active_ &&
-          getsockopt(in_fd_, SOL_SOCKET, SO_TYPE, &type, &type_len) == 0;
+  spin_ = options_.busy_poll.count() > 0 && !tls_active_ && IsSocket(in_fd_);
   for (;;) {
     // Reads may not poll cancel_fd_ while requests keep arriving.
     if (shutting_down_ != nullptr && shutting_down_->load()) return Status::Busy("cancelled");

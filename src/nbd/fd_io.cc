@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +28,11 @@ Status WaitReadable(int fd, int cancel_fd) {
 }
 
 }  // namespace
+
+bool IsSocket(int fd) {
+  struct stat st {};
+  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
 
 Result<size_t> ReadAtLeast(int fd, std::span<uint8_t> buf, size_t min, int cancel_fd) {
   size_t done = 0;

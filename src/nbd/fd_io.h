@@ -30,6 +30,9 @@ Status ReadExact(int fd, std::span<uint8_t> buf, int cancel_fd = -1);
 // Errors as ReadExact. The connection reads several requests per call.
 Result<size_t> ReadAtLeast(int fd, std::span<uint8_t> buf, size_t min, int cancel_fd = -1);
 
+// Whether `fd` is a socket (not a pipe or a file: --stdio).
+bool IsSocket(int fd);
+
 // Writes every byte of every iovec, resuming after partial writes.
 Status WriteAllV(int fd, std::span<const iovec> iov);
 Status WriteAll(int fd, std::span<const uint8_t> buf);

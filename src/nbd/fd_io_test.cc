@@ -17,6 +17,16 @@
 namespace thindisk::nbd {
 namespace {
 
+TEST(IsSocketTest, SocketsAreAndPipesAreNot) {
+  int sv[2], p[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+  ASSERT_EQ(pipe(p), 0);
+  EXPECT_TRUE(IsSocket(sv[0]));
+  EXPECT_FALSE(IsSocket(p[0]));
+  EXPECT_FALSE(IsSocket(-1));
+  for (int fd : {sv[0], sv[1], p[0], p[1]}) close(fd);
+}
+
 TEST(SkipIovTest, PassesOverWholeIovecsAndStartsInsideTheNext) {
   std::array<uint8_t, 10> a{}, b{}, c{};
   std::array<iovec, 3> iov = {iovec{a.data(), 4}, iovec{b.data(), 6}, iovec{c.data(), 10}};

@@ -4,7 +4,6 @@
 #include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <cstdio>
 #include <set>
 
+#include "nbd/fd_io.h"
 #include "nbd/listener.h"
 
 namespace thindisk::nbd {
@@ -29,11 +29,6 @@ void Drain(int event_fd) {
   uint64_t count;
   ssize_t n = read(event_fd, &count, sizeof count);
   (void)n;
-}
-
-bool IsSocket(int fd) {
-  struct stat st;
-  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
 }
 
 std::string Seconds(std::chrono::milliseconds ms) {

@@ -4,7 +4,6 @@
 #include <gnutls/x509.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,11 +21,6 @@
 
 namespace thindisk::nbd {
 namespace {
-
-bool IsSocket(int fd) {
-  struct stat st {};
-  return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
-}
 
 // A TLS session over (in_fd, out_fd), as a Transport. GnuTLS reads through
 // Pull and writes through Push, both buffered: GnuTLS asks for a record's
