@@ -26,6 +26,24 @@ int MissOnce(BusyPoll& poll) {
   return calls;
 }
 
+// Options whose connections spin up to `budget`; the returned slots (one)
+// count the spins.
+std::shared_ptr<BusyPoll::Slots> Spinning(ServerOptions* options,
+                                          std::chrono::microseconds budget) {
+  options->connection.busy_poll = budget;
+  options->connection.busy_poll_slots = std::make_shared<BusyPoll::Slots>(1);
+  return options->connection.busy_poll_slots;
+}
+
+// Reads the first 4 KiB `n` times, each request sent after the last reply.
+void ReadOneAtATime(testing::RawClient& c, int n) {
+  for (int i = 0; i < n; ++i) {
+    ASSERT_TRUE(c.SendRequest(0, kCmdRead, 100 + i, 0, 4096).ok());
+    auto r = c.ReadReply(4096);
+    ASSERT_TRUE(r.has_value()) << r.status().ToString();
+  }
+}
+
 TEST(BusyPoll, ABudgetOfZeroNeverSpins) {
   BusyPoll::Slots slots(1);
   BusyPoll poll(0us, &slots);
@@ -101,9 +119,7 @@ TEST(BusyPoll, TheDefaultLimitLeavesACpu) {
 // so a loaded machine cannot make the spins miss.
 TEST_F(ServerTest, AQd1ClientsRequestsAreCaughtWhileTheReaderSpins) {
   ServerOptions options;
-  options.connection.busy_poll = 1s;
-  auto slots = std::make_shared<BusyPoll::Slots>(1);
-  options.connection.busy_poll_slots = slots;
+  auto slots = Spinning(&options, 1s);
   Start(options);
   auto c = Open("disk", false);  // simple replies: one per request
   constexpr int kRequests = 200;
@@ -132,16 +148,10 @@ TEST_F(ServerTest, AQd1ClientsRequestsAreCaughtWhileTheReaderSpins) {
 // once the reply is out.
 TEST_F(ServerTest, TheReaderDoesNotSpinWhileARequestIsOnThePool) {
   ServerOptions options;
-  options.connection.busy_poll = 100ms;
-  auto slots = std::make_shared<BusyPoll::Slots>(1);
-  options.connection.busy_poll_slots = slots;
+  auto slots = Spinning(&options, 100ms);
   Start(options);
   auto c = Open("disk", false);
-  for (int i = 0; i < 10; ++i) {  // one at a time: the reader spins for them
-    ASSERT_TRUE(c->SendRequest(0, kCmdRead, 100 + i, 0, 4096).ok());
-    auto r = c->ReadReply(4096);
-    ASSERT_TRUE(r.has_value()) << r.status().ToString();
-  }
+  ReadOneAtATime(*c, 10);  // the reader spins for them
   const uint64_t hits = slots->hits;
   disk_->set_write_delay_ms(300);          // far past the budget
   constexpr uint32_t kLength = 512 << 10;  // too long to run on the reader
@@ -159,9 +169,7 @@ TEST_F(ServerTest, TheReaderDoesNotSpinWhileARequestIsOnThePool) {
 // A client that pipelines (its requests arrive together) is not waited for.
 TEST_F(ServerTest, TheReaderDoesNotSpinForAClientThatPipelines) {
   ServerOptions options;
-  options.connection.busy_poll = 1s;
-  auto slots = std::make_shared<BusyPoll::Slots>(1);
-  options.connection.busy_poll_slots = slots;
+  auto slots = Spinning(&options, 1s);
   Start(options);
   auto c = Open("disk", false);
   for (int round = 0; round < 20; ++round) {
@@ -182,16 +190,10 @@ TEST_F(ServerTest, TheReaderDoesNotSpinForAClientThatPipelines) {
 
 TEST_F(ServerTest, WithoutBusyPollTheReaderNeverSpins) {
   ServerOptions options;
-  options.connection.busy_poll = 0us;
-  auto slots = std::make_shared<BusyPoll::Slots>(1);
-  options.connection.busy_poll_slots = slots;
+  auto slots = Spinning(&options, 0us);
   Start(options);
   auto c = Open("disk", false);
-  for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE(c->SendRequest(0, kCmdRead, i, 0, 4096).ok());
-    auto r = c->ReadReply(4096);
-    ASSERT_TRUE(r.has_value()) << r.status().ToString();
-  }
+  ReadOneAtATime(*c, 20);
   EXPECT_EQ(slots->hits + slots->misses, 0u);
 }
 
