@@ -123,6 +123,12 @@ class ServeCommand final : public Subcommand {
            "that sends one at a time, before it sleeps (default 50; 0: never; adaptive, "
            "at most one reader per CPU but one; docs/performance.md)")
         ->check(CLI::Range(0, 10000));
+    sub->add_option(
+           "--prefetch", prefetch_,
+           "on: a client that reads in order, one request at a time, has its next "
+           "range read while it takes a reply (READs of 256 KiB to 2 MiB; with "
+           "--aio=io_uring); off: never (default on)")
+        ->check(CLI::IsMember({"on", "off"}));
     sub->add_flag("-n,--nocache", nocache_, "Same as --cache=none");
     sub->add_option("--cache", cache_,
                     "Host cache: writeback, none (O_DIRECT), writethrough (writes durable before "
@@ -418,6 +424,7 @@ class ServeCommand final : public Subcommand {
     so.max_connections = max_connections_;
     so.handshake_timeout = std::chrono::milliseconds(int64_t(handshake_timeout_ * 1000));
     so.busy_poll = std::chrono::microseconds(busy_poll_us_);
+    so.prefetch_reads = prefetch_ == "on";
     if (!quiet_) so.log = [](const std::string& line) { PrintWarning(line); };
     so.tls = tls_;
     if (tls_ && verbose_) Log(ServeTlsOptions::Describe(*tls_));
@@ -503,6 +510,7 @@ class ServeCommand final : public Subcommand {
   size_t max_connections_ = 64;  // docs/serve-limits.md: the memory bound
   double handshake_timeout_ = 10;  // seconds (--handshake-timeout)
   int busy_poll_us_ = int(nbd::BusyPoll::kDefaultBudget.count());  // --busy-poll
+  std::string prefetch_ = "on";                                    // --prefetch
   bool persistent_ = false;      // the default anyway
   bool once_ = false;
   size_t threads_ = 0;

@@ -9,6 +9,7 @@
 
 #include "io/storage.h"
 #include "nbd/fd_io.h"
+#include "nbd/read_reply.h"
 #include "util/endian.h"
 
 namespace thindisk::nbd {
@@ -24,13 +25,6 @@ constexpr size_t kMaxDescriptors = 1024;
 // 16 small requests back to back, and one recv takes them all. Payloads
 // larger than half of it are read straight into their own buffer.
 constexpr size_t kReadAhead = 128u << 10;
-
-// One piece of a structured READ reply.
-struct Segment {
-  uint64_t offset;
-  uint32_t length;
-  bool hole;  // reads as zeros: sent as OFFSET_HOLE
-};
 
 // Splits [offset, offset + length) into data and zero runs, merging
 // neighbours of one kind. On a GetStatus error the rest is data, which is
@@ -57,45 +51,6 @@ std::vector<Segment> MapSegments(block::Device& dev, uint64_t offset, uint32_t l
     pos += len;
   }
   return out;
-}
-
-// The same runs from a read plan: its zero pieces are holes.
-std::vector<Segment> PlanSegments(const Request& r, const block::ReadPlan& plan) {
-  std::vector<Segment> out;
-  for (const block::ReadPiece& p : plan.pieces) {
-    const bool hole = p.storage == nullptr;
-    if (!out.empty() && out.back().hole == hole) {
-      out.back().length += uint32_t(p.length);
-    } else {
-      out.push_back({r.offset + p.buf_offset, uint32_t(p.length), hole});
-    }
-  }
-  return out;
-}
-
-bool AnyData(const std::vector<Segment>& segments) {
-  return std::any_of(segments.begin(), segments.end(),
-                     [](const Segment& seg) { return !seg.hole; });
-}
-
-// A structured READ's reply: an OFFSET_HOLE chunk per hole, an OFFSET_DATA
-// chunk per data run (its bytes in `data` at their offset in the request),
-// DONE on the last.
-OutgoingReply ChunkedReply(const Request& r, const std::vector<Segment>& segments,
-                           PayloadBuffer data) {
-  OutgoingReply reply;
-  for (size_t i = 0; i < segments.size(); ++i) {
-    const Segment& seg = segments[i];
-    const uint16_t flags = i + 1 == segments.size() ? kReplyFlagDone : 0;
-    if (seg.hole) {
-      reply.AddHead(EncodeOffsetHole(flags, r.handle, seg.offset, seg.length));
-    } else {
-      reply.AddHead(EncodeOffsetDataHeader(flags, r.handle, seg.offset, seg.length));
-      reply.AddData(seg.offset - r.offset, seg.length);
-    }
-  }
-  reply.SetData(std::move(data));
-  return reply;
 }
 
 uint32_t ContextFlags(uint32_t context_id, const block::Extent& e) {
@@ -292,6 +247,7 @@ Status Connection::Transmit() {
     }
     // 2b. Valid: wait for room, read the payload, run it here or on a worker.
     const size_t cost = Cost(req);
+    KeepPrefetchFor(req);
     Admit(cost);
     PayloadBuffer payload(wire_payload);
     Status s = TakeInto(payload.span());
@@ -301,19 +257,27 @@ Status Connection::Transmit() {
                  ? Status(Code::kIoError, "client vanished mid-request")
                  : s;
     }
-    if (RunInline(req)) {
-      Send(Execute(req, payload.span()), cost);
-      continue;
-    }
-    if (req.type == kCmdRead && ReadAsync(req, cost)) continue;
-    on_pool_.fetch_add(1, std::memory_order_acq_rel);
-    // std::function needs a copyable task: the buffer travels in a shared_ptr.
-    pool_->Submit([this, req, cost, p = std::make_shared<PayloadBuffer>(std::move(payload))] {
-      OutgoingReply reply = Execute(req, p->span());
-      on_pool_.fetch_sub(1, std::memory_order_acq_rel);
-      Send(std::move(reply), cost);
-    });
+    Dispatch(req, std::move(payload), cost);
+    if (req.type == kCmdRead) PrefetchAfter(req);
   }
+}
+
+void Connection::Dispatch(const Request& req, PayloadBuffer payload, size_t cost) {
+  const bool run_inline = RunInline(req);
+  if (req.type == kCmdRead && AnswerFromPrefetch(req, cost)) return;
+  if (run_inline) {
+    Send(Execute(req, payload.span()), cost);
+    return;
+  }
+  if (req.type == kCmdRead && ReadAsync(req, cost)) return;
+  on_pool_.fetch_add(1, std::memory_order_acq_rel);
+  // std::function needs a copyable task: the buffer travels in a shared_ptr.
+  pool_->Submit(
+      [this, req, cost, p = std::make_shared<PayloadBuffer>(std::move(payload))] {
+        OutgoingReply reply = Execute(req, p->span());
+        on_pool_.fetch_sub(1, std::memory_order_acq_rel);
+        Send(std::move(reply), cost);
+      });
 }
 
 size_t Connection::Cost(const Request& r) const {
@@ -354,7 +318,14 @@ void Connection::WaitIdle() {
 OutgoingReply Connection::Execute(const Request& r, std::span<const uint8_t> payload) {
   if (r.type == kCmdRead) return ExecuteRead(r);
   if (r.type == kCmdBlockStatus) return ExecuteBlockStatus(r);
+  // Counted for prefetches (export.h): from before the data may change
+  // until after it has.
+  DataChanges& changes = *export_->changes;
+  const bool changing =
+      r.type == kCmdWrite || r.type == kCmdTrim || r.type == kCmdWriteZeroes;
+  if (changing) changes.begun.fetch_add(1);
   Status s = ExecuteSimple(r, payload);
+  if (changing) changes.ended.fetch_add(1);
   return s.ok() ? OkReply(r) : DeviceErrorReply(r, s);
 }
 
@@ -432,30 +403,20 @@ bool Connection::ReadAsync(const Request& r, size_t cost) {
   // answers) goes to the pool.
   Result<block::ReadPlan> plan = export_->device->PlanRead(r.offset, r.length);
   if (!plan.has_value()) return false;
-  for (const block::ReadPiece& p : plan->pieces) {
-    if (p.storage != nullptr && p.storage->ReadFd() < 0) return false;
-  }
+  if (!RingCanRead(*plan)) return false;
   // A structured READ without DF answers its zero pieces with hole chunks,
   // as ExecuteRead does; one that is all holes is answered here.
   const bool chunked = structured_ && !(r.flags & kCmdFlagDf);
   std::vector<Segment> segments;
   if (chunked) {
-    segments = PlanSegments(r, *plan);
+    segments = PlanSegments(r.offset, *plan);
     if (!AnyData(segments)) {
       Send(ChunkedReply(r, segments, PayloadBuffer(0)), cost);
       return true;
     }
   }
   auto data = std::make_shared<PayloadBuffer>(r.length);
-  std::vector<AsyncReads::HostRead> reads;
-  for (const block::ReadPiece& p : plan->pieces) {
-    std::span<uint8_t> dst = data->span().subspan(p.buf_offset, p.length);
-    if (p.storage != nullptr) {
-      reads.push_back({p.storage, p.host_offset, dst});
-    } else if (!chunked) {
-      std::memset(dst.data(), 0, dst.size());  // holes of a chunked reply are never sent
-    }
-  }
+  std::vector<AsyncReads::HostRead> reads = HostReads(*plan, data->span(), chunked);
   on_pool_.fetch_add(1, std::memory_order_acq_rel);
   auto pins = std::make_shared<block::ReadPlan>(std::move(*plan));
   async_->Add(reads, [this, r, cost, data, pins,

@@ -82,6 +82,14 @@
 
 namespace thindisk::nbd {
 
+// What became of a connection's prefetches (ConnectionOptions::prefetch_reads).
+struct PrefetchCounters {
+  std::atomic<uint64_t> started{0};    // host reads handed to the ring
+  std::atomic<uint64_t> completed{0};  // their reads done
+  std::atomic<uint64_t> used{0};       // answered the READ they were made for
+  std::atomic<uint64_t> dropped{0};    // another request came, or the data changed
+};
+
 struct ConnectionOptions {
   size_t max_inflight_bytes = 64u << 20;
   size_t max_inflight_requests = 128;
@@ -116,6 +124,13 @@ struct ConnectionOptions {
   std::chrono::microseconds busy_poll{BusyPoll::kDefaultBudget};
   // How many readers of a server spin at once; nullptr: no limit.
   std::shared_ptr<BusyPoll::Slots> busy_poll_slots;
+  // A lone client reading in order (READs of 256 KiB to 2 MiB, each where
+  // the last ended) has its next range read through the ring while it
+  // takes a reply, so the disk's time and the reply's overlap
+  // (connection_prefetch.cc). Only with the ring.
+  bool prefetch_reads = true;
+  // Counts prefetches when set (tests).
+  std::shared_ptr<PrefetchCounters> prefetch_counters;
 };
 
 // An encoded reply waiting to be sent: small headers and, for READ, the
@@ -178,6 +193,9 @@ class Connection {
   void Release(size_t cost);
   void WaitIdle();
 
+  // Reader only: runs a valid, admitted request here, from the prefetch,
+  // on the ring or on the pool.
+  void Dispatch(const Request& req, PayloadBuffer payload, size_t cost);
   // Run on a worker: executes a valid request, returns its encoded reply.
   OutgoingReply Execute(const Request& r, std::span<const uint8_t> payload);
   OutgoingReply ExecuteRead(const Request& r);
@@ -192,8 +210,22 @@ class Connection {
   // Reader only: spins (busy_poll.h) until the client's next bytes are
   // there. Called for a lone client with nothing of it in flight.
   void SpinForRequest();
-  // Reader only, on the way out: reaps every ring read still out.
+  // Reader only, on the way out: drops the prefetch and reaps every ring
+  // read still out.
   void DrainAsync();
+  // Prefetching (connection_prefetch.cc), reader only. Before admitting
+  // `r`: drops the prefetch unless `r` is the READ it was made for.
+  void KeepPrefetchFor(const Request& r);
+  // Answers `r` (admitted with `cost`) from the prefetch: true, or false
+  // when it cannot (the data changed since, or it is not `r`'s).
+  bool AnswerFromPrefetch(const Request& r, size_t cost);
+  // After the READ `r` is under way: for a lone client reading in order,
+  // plans the range after it and hands its host reads to the ring.
+  void PrefetchAfter(const Request& r);
+  void DropPrefetch();
+  // Admits a prefetch of `cost` bytes only when a READ as large could
+  // still be admitted beside it; never waits.
+  bool TryAdmitPrefetch(size_t cost);
   OutgoingReply ExecuteBlockStatus(const Request& r);
   Status ExecuteSimple(const Request& r, std::span<const uint8_t> payload);
   OutgoingReply OkReply(const Request& r) const;
@@ -235,6 +267,13 @@ class Connection {
   // Transmit: off under TLS and on anything but a socket.
   BusyPoll busy_poll_;
   bool spin_ = false;
+
+  // The range read ahead for the next READ, and where the last READ
+  // ended; reader only (connection_prefetch.cc).
+  struct Prefetch;
+  std::shared_ptr<Prefetch> prefetch_;
+  uint64_t next_read_ = UINT64_MAX;
+  size_t reads_in_order_ = 0;
 
   // Read-ahead of the transmission phase: bytes [rpos_, rend_) of rbuf_
   // are received but not consumed. Reader thread only.

@@ -86,6 +86,7 @@ void Connection::SpinForRequest() {
 }
 
 void Connection::DrainAsync() {
+  DropPrefetch();
   if (!async_) return;
   (void)async_->Submit();
   while (async_->pending() > 0) async_->Reap(/*wait_ms=*/100);

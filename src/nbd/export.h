@@ -1,6 +1,8 @@
 // Export: one named block device offered by the NBD server.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -10,6 +12,16 @@
 
 namespace thindisk::nbd {
 
+// Changes to an export's data (WRITE, WRITE_ZEROES, TRIM from any of its
+// connections), counted when each begins and when it ends. A read made
+// ahead of its request (a prefetch) is good only while `begun` has not
+// moved since before the read began, when `ended` equalled it: then no
+// change ran while it read, nor has one run since.
+struct DataChanges {
+  std::atomic<uint64_t> begun{0};
+  std::atomic<uint64_t> ended{0};
+};
+
 struct Export {
   std::string name;         // as clients ask for it; "" is the default export
   std::string description;  // free text for NBD_OPT_LIST and NBD_INFO_DESCRIPTION
@@ -18,6 +30,8 @@ struct Export {
   // Offered as the metadata contexts "qemu:dirty-bitmap:NAME" (qemu-nbd -B),
   // over the same bytes as `device`.
   std::vector<std::shared_ptr<block::DirtyBitmap>> bitmaps = {};
+  // Shared by copies of this Export: the server's connections to it.
+  std::shared_ptr<DataChanges> changes = std::make_shared<DataChanges>();
 
   bool effective_read_only() const {
     return read_only || (device && device->info().read_only);

@@ -438,6 +438,7 @@ Status RunServer(const ServeOptions& options, std::vector<Export> exports) {
   so.connection.inline_cached_writes = options.inline_cached_writes;
   so.connection.async_reads = options.async_reads;
   so.connection.busy_poll = options.busy_poll;
+  so.connection.prefetch_reads = options.prefetch_reads;
   so.connection.log = options.log;
   if (options.tls) {
     so.connection.tls = options.tls;

@@ -226,6 +226,7 @@ struct ServeOptions {
   bool inline_cached_writes = false;  // ConnectionOptions::inline_cached_writes
   bool async_reads = true;            // ConnectionOptions::async_reads
   std::chrono::microseconds busy_poll{BusyPoll::kDefaultBudget};  // ConnectionOptions'
+  bool prefetch_reads = true;                   // ConnectionOptions::prefetch_reads
   std::function<void(const std::string&)> log;  // diagnostics; nullptr: silent
   // TLS: offered or required on every connection; SIGHUP re-reads its
   // credentials (logged through `log`).

@@ -2,7 +2,7 @@
 # `thindisk serve` options through real clients: --read-only, -q, --pid-file,
 # TCP (--bind/--port), --max-connections, --stdio, socket activation,
 # --cache=none, --aio=threads|io_uring, --discard, --detect-zeroes, --cache-size,
-# --threads, --busy-poll, SIGINT, and command-line errors.
+# --threads, --busy-poll, --prefetch, SIGINT, and command-line errors.
 source "$(dirname "$0")/lib.sh"
 require_tool nbdinfo qemu-io qemu-img jq python3
 
@@ -118,9 +118,10 @@ fi
 log "socket activation (nbdinfo [ CMD ])"
 expect_eq "activated size" "$(timeout 30 nbdinfo --size -- [ "$TD" serve -q disk.qcow2 ])" 33554432
 
-log "--cache=none, --aio=threads|io_uring, --threads 1, --cache-size, --busy-poll"
+log "--cache=none, --aio=threads|io_uring, --threads 1, --cache-size, --busy-poll, --prefetch"
 for opts in "--cache=none" "--aio=threads" "--cache=none --aio=io_uring" \
-    "--threads 1 --cache-size 64k" "--cache=unsafe" "--busy-poll 0" "--busy-poll 5000"; do
+    "--threads 1 --cache-size 64k" "--cache=unsafe" "--busy-poll 0" "--busy-poll 5000" \
+    "--prefetch off"; do
   cp disk.qcow2 m.qcow2
   rm -f m.sock
   # shellcheck disable=SC2086
@@ -181,7 +182,8 @@ done
 log "command-line errors"
 for bad in "" "--export noequals" "--stdio -k x.sock disk.qcow2" "nosuch.qcow2" \
     "--cache=bogus disk.qcow2" "--cache-size junk disk.qcow2" "--port 70000 disk.qcow2" \
-    "--busy-poll -1 disk.qcow2" "--busy-poll 20000 disk.qcow2" "--busy-poll x disk.qcow2"; do
+    "--busy-poll -1 disk.qcow2" "--busy-poll 20000 disk.qcow2" "--busy-poll x disk.qcow2" \
+    "--prefetch maybe disk.qcow2"; do
   rc=0
   # shellcheck disable=SC2086
   timeout 10 "$TD" serve -k "$TMP/never.sock" $bad >err.out 2>&1 || rc=$?

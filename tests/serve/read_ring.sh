@@ -17,6 +17,10 @@
 #      the page cache, 1 MiB READs give the same bytes and go around the
 #      page cache (mincore: the base stays out of it); read again once
 #      cached, they come from the cache.
+#   5. Prefetches (src/nbd/connection_prefetch.cc): qemu-io reading 1 MiB
+#      at a time in order gets the image's bytes; a write from another
+#      qemu-io into the range read ahead, and one from the reader itself,
+#      are read back, not the bytes read ahead before them.
 source "$(dirname "$0")/lib.sh"
 require_tool fio qemu-img qemu-io nbdcopy jq
 fio --enghelp=nbd >/dev/null 2>&1 || skip_or_fail "fio built without the nbd engine"
@@ -161,4 +165,33 @@ cmp busy-file.raw busy-nbd.raw || fail "after the busy run the server read other
 cmp <(head -c $((40 * M)) want.raw | tail -c $((30 * M))) \
   <(head -c $((40 * M)) busy-file.raw | tail -c $((30 * M))) ||
   fail "bytes outside the rewritten range changed"
+log "prefetches for a reader in order"
+"$TD" create -q -f qcow2 seq.qcow2 32M
+qemu-io -f qcow2 -c "write -P 0x41 0 32M" seq.qcow2 >/dev/null
+serve_unix s s.sock seq.qcow2
+pid=$SERVER_PID
+reads=()
+for i in $(seq 0 9); do reads+=(-c "read -P 0x41 ${i}M 1M"); done
+# The reader takes 10 MiB in order (the 11th is read ahead), then waits
+# while the writer writes into the 11th; then it reads it, writes into
+# the 12th (read ahead too) and reads that.
+timeout 60 stdbuf -oL qemu-io -f raw "$(uri "$TMP/s.sock")" "${reads[@]}" -c "sleep 5000" \
+  -c "read -P 0x42 10M 1M" -c "write -P 0x43 11M 1M" -c "read -P 0x43 11M 1M" \
+  >seq.out 2>&1 &
+reader=$!
+# The writer goes once the reader has had its 10 MiB (its lines out).
+for _ in $(seq 500); do
+  (($(grep -c '^read' seq.out) >= 10)) && break
+  sleep 0.01
+done
+qemu-io -f raw "$(uri "$TMP/s.sock")" -c "write -P 0x42 10M 1M" >w.out 2>&1 ||
+  { cat w.out >&2; fail "the write into the range read ahead failed"; }
+wait "$reader" || { cat seq.out >&2; fail "the reader in order failed"; }
+if grep -Eq "verification failed|error" w.out seq.out; then
+  cat w.out seq.out >&2
+  fail "a prefetch answered around a write"
+fi
+expect_eq "reads and writes done" "$(grep -c '^read\|^wrote' seq.out)" 13
+stop_server "$pid" s
+check_clean seq.qcow2
 log "read_ring: ok"
