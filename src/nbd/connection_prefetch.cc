@@ -15,8 +15,8 @@
 // its host reads began: it is planned only when every change to the
 // export that began has ended (DataChanges, counted by every connection
 // around WRITE, WRITE_ZEROES and TRIM), and used only when no change has
-// begun since. Any other request of this connection drops it first, so a
-// client's own write is never answered around.
+// begun since. A READ of another range or a change from this connection
+// drops it first (a FLUSH, BLOCK_STATUS or CACHE between leaves it).
 //
 // It counts in the connection's flow control as one request of its
 // length, and is made only while a READ as large could still be admitted
@@ -68,6 +68,10 @@ void Connection::KeepPrefetchFor(const Request& r) {
   if (r.type == kCmdRead && r.offset == prefetch_->offset &&
       r.length == prefetch_->length)
     return;
+  // What changes no data and takes no payload room leaves it for the READ
+  // after it (a reader that asks for block status or flushes between its
+  // reads); the request slot it needs is there beside the prefetch's.
+  if (r.type == kCmdFlush || r.type == kCmdBlockStatus || r.type == kCmdCache) return;
   DropPrefetch();
 }
 

@@ -197,6 +197,32 @@ TEST_F(PrefetchTest, AClientsOwnWriteDropsThePrefetch) {
   ReadChunk(*c, 9);
 }
 
+TEST_F(PrefetchTest, FlushesAndBlockStatusBetweenReadsKeepIt) {
+  Start();
+  auto c = testing::RawClient::ConnectUnix(server_->socket_path());
+  ASSERT_TRUE(c.has_value()) << c.status().ToString();
+  auto n = (*c)->Handshake("disk", true, {"base:allocation"});
+  ASSERT_TRUE(n.has_value()) << n.status().ToString();
+  for (uint64_t i = 0; i < 12; ++i) {
+    ASSERT_NO_FATAL_FAILURE(ReadChunk(**c, i));
+    ASSERT_TRUE((*c)->SendRequest(0, kCmdFlush, 500 + i, 0, 0).ok());
+    auto f = (*c)->ReadReply();
+    ASSERT_TRUE(f.has_value() && f->error == 0u);
+    ASSERT_TRUE(
+        (*c)->SendRequest(0, kCmdBlockStatus, 600 + i, (i + 1) * kChunk, kChunk).ok());
+    for (;;) {  // its chunks, up to the one with DONE
+      auto b = (*c)->ReadReply();
+      ASSERT_TRUE(b.has_value()) << b.status().ToString();
+      ASSERT_EQ(b->error, 0u);
+      if (b->flags & kReplyFlagDone) break;
+    }
+  }
+  // Lone from its 8th request (the 3rd READ's flush): READs 4 to 11 are
+  // answered from ranges read ahead.
+  EXPECT_EQ(counters_->used, 8u);
+  EXPECT_EQ(counters_->dropped, 0u);
+}
+
 TEST_F(PrefetchTest, AClientThatPipelinesGetsNoPrefetch) {
   Start();
   auto c = Open();
