@@ -213,8 +213,11 @@ class Connection {
   // Reader only, on the way out: drops the prefetch and reaps every ring
   // read still out.
   void DrainAsync();
-  // Prefetching (connection_prefetch.cc), reader only. Before admitting
-  // `r`: drops the prefetch unless `r` is the READ it was made for.
+  // Prefetching (connection_prefetch.cc), reader only.
+  struct Prefetch;
+  // Before admitting `r`: drops the prefetch unless `r` is the READ it
+  // was made for, or a request that leaves it (a FLUSH, BLOCK_STATUS or
+  // CACHE).
   void KeepPrefetchFor(const Request& r);
   // Answers `r` (admitted with `cost`) from the prefetch: true, or false
   // when it cannot (the data changed since, or it is not `r`'s).
@@ -223,6 +226,9 @@ class Connection {
   // plans the range after it and hands its host reads to the ring.
   void PrefetchAfter(const Request& r);
   void DropPrefetch();
+  // Sends the reply to the READ that claimed `p`, its reads done, and
+  // gives the prefetch's room back.
+  void AnswerPrefetched(Prefetch& p);
   // Admits a prefetch of `cost` bytes only when a READ as large could
   // still be admitted beside it; never waits.
   bool TryAdmitPrefetch(size_t cost);
@@ -270,7 +276,6 @@ class Connection {
 
   // The range read ahead for the next READ, and where the last READ
   // ended; reader only (connection_prefetch.cc).
-  struct Prefetch;
   std::shared_ptr<Prefetch> prefetch_;
   uint64_t next_read_ = UINT64_MAX;
   size_t reads_in_order_ = 0;

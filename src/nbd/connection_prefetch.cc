@@ -107,11 +107,17 @@ bool Connection::AnswerFromPrefetch(const Request& r, size_t cost) {
     on_pool_.fetch_add(1, std::memory_order_acq_rel);
     return true;  // answered by its completion
   }
-  Release(taken->length);
-  Send(taken->chunked ? ChunkedReply(r, taken->segments, std::move(*taken->data))
-                      : DataReply(r, std::move(*taken->data)),
-       cost);
+  AnswerPrefetched(*taken);
   return true;
+}
+
+void Connection::AnswerPrefetched(Prefetch& p) {
+  const Request& r = p.request;
+  OutgoingReply reply = !p.status.ok() ? DeviceErrorReply(r, p.status)
+                        : p.chunked    ? ChunkedReply(r, p.segments, std::move(*p.data))
+                                       : DataReply(r, std::move(*p.data));
+  Release(p.length);
+  Send(std::move(reply), p.request_cost);
 }
 
 void Connection::PrefetchAfter(const Request& r) {
@@ -155,14 +161,8 @@ void Connection::PrefetchAfter(const Request& r) {
     if (p->dropped) {
       Release(p->length);
     } else if (p->claimed) {
-      const Request& req = p->request;
-      OutgoingReply reply = !p->status.ok() ? DeviceErrorReply(req, p->status)
-                            : p->chunked
-                                ? ChunkedReply(req, p->segments, std::move(*p->data))
-                                : DataReply(req, std::move(*p->data));
-      Release(p->length);
       on_pool_.fetch_sub(1, std::memory_order_acq_rel);
-      Send(std::move(reply), p->request_cost);
+      AnswerPrefetched(*p);
     }
   });
   prefetch_ = std::move(p);
