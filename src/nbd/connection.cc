@@ -295,7 +295,7 @@ void Connection::Admit(size_t cost) {
   while (!room() && async_ && async_->pending() > 0) {
     lock.Unlock();
     (void)async_->Submit();
-    async_->Reap(/*wait_ms=*/10);
+    ReapRing(/*wait_ms=*/10);
     lock.Lock();
   }
   while (!room()) flow_cv_.Wait(flow_mu_);
@@ -427,7 +427,7 @@ bool Connection::ReadAsync(const Request& r, size_t cost) {
                               ? DataReply(r, std::move(*data))
                               : ChunkedReply(r, segments, std::move(*data));
     on_pool_.fetch_sub(1, std::memory_order_acq_rel);
-    Send(std::move(reply), cost);
+    Answer(std::move(reply), cost);
   });
   return true;
 }

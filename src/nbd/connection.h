@@ -90,6 +90,19 @@ struct PrefetchCounters {
   std::atomic<uint64_t> dropped{0};    // another request came, or the data changed
 };
 
+// Counts replies and the socket writes that carried them (tests).
+struct ReplyCounters {
+  std::atomic<uint64_t> replies{0};  // handed to Send, Answer or ReapRing
+  std::atomic<uint64_t> writes{0};   // direct sends and the writer's batches
+};
+
+// Adds `n` to a counter of `counters`, when there are counters.
+template <typename Counters>
+void Count(const std::shared_ptr<Counters>& counters,
+           std::atomic<uint64_t> Counters::*counter, uint64_t n = 1) {
+  if (counters) (counters.get()->*counter).fetch_add(n, std::memory_order_relaxed);
+}
+
 struct ConnectionOptions {
   size_t max_inflight_bytes = 64u << 20;
   size_t max_inflight_requests = 128;
@@ -131,6 +144,8 @@ struct ConnectionOptions {
   bool prefetch_reads = true;
   // Counts prefetches when set (tests).
   std::shared_ptr<PrefetchCounters> prefetch_counters;
+  // Counts replies and writes when set (tests).
+  std::shared_ptr<ReplyCounters> reply_counters;
 };
 
 // An encoded reply waiting to be sent: small headers and, for READ, the
@@ -143,6 +158,8 @@ class OutgoingReply {
   void AddData(size_t offset, size_t length);
   // Appends iovecs that point into this reply (valid while it lives).
   void AppendIovecs(std::vector<iovec>* out) const;
+  // Bytes on the wire.
+  size_t size() const;
 
  private:
   struct Piece {
@@ -245,6 +262,13 @@ class Connection {
 
   // Sending: directly when the socket is free, else through the writer.
   void Send(OutgoingReply reply, size_t cost);
+  // Reader only: reaps the ring (AsyncReads::Reap) with the replies its
+  // completions finish held, then sends them together in one write: a
+  // client with several READs out then takes several replies per wake-up.
+  void ReapRing(int wait_ms);
+  // Reader only: a reply a ring completion finished; held while ReapRing
+  // reaps, else sent.
+  void Answer(OutgoingReply reply, size_t cost);
   void WriterLoop();
   void StopWriter();
   void Log(const std::string& line) const;
@@ -310,6 +334,11 @@ class Connection {
     size_t sent;  // bytes already written (a partial direct send)
   };
   std::deque<Queued> replies_ TD_GUARDED_BY(write_mu_);
+  // Sends `batch` in order, in one write when the socket takes it all.
+  void SendAll(std::vector<Queued> batch);
+  // Replies held while ReapRing reaps; reader only.
+  bool holding_ = false;
+  std::vector<Queued> held_;
   bool sending_ TD_GUARDED_BY(write_mu_) = false;  // someone is writing to out_fd_
   bool writer_stop_ TD_GUARDED_BY(write_mu_) = false;
   bool write_failed_ TD_GUARDED_BY(write_mu_) = false;

@@ -69,7 +69,7 @@ Status Connection::WaitForRequest() {
     const int n = poll(fds, cancel_fd_ >= 0 ? 3 : 2, -1);
     if (n < 0 && errno != EINTR) return Status::FromErrno(errno, "poll");
     if (n <= 0) continue;
-    if (fds[1].revents != 0) async_->Reap(0);
+    if (fds[1].revents != 0) ReapRing(0);
     if (fds[0].revents != 0) return Status::Ok();  // the transport reads it (or its end)
     if (cancel_fd_ >= 0 && fds[2].revents != 0) return Status::Busy("cancelled");
   }
@@ -89,7 +89,7 @@ void Connection::DrainAsync() {
   DropPrefetch();
   if (!async_) return;
   (void)async_->Submit();
-  while (async_->pending() > 0) async_->Reap(/*wait_ms=*/100);
+  while (async_->pending() > 0) ReapRing(/*wait_ms=*/100);
 }
 
 }  // namespace thindisk::nbd

@@ -38,11 +38,6 @@ constexpr size_t kReadsInOrder = 2;
 constexpr uint32_t kMinPrefetch = 256u << 10;
 constexpr uint32_t kMaxPrefetch = 2u << 20;
 
-void Count(const std::shared_ptr<PrefetchCounters>& counters,
-           std::atomic<uint64_t> PrefetchCounters::*counter) {
-  if (counters) (counters.get()->*counter).fetch_add(1, std::memory_order_relaxed);
-}
-
 }  // namespace
 
 struct Connection::Prefetch {
@@ -117,7 +112,7 @@ void Connection::AnswerPrefetched(Prefetch& p) {
                         : p.chunked    ? ChunkedReply(r, p.segments, std::move(*p.data))
                                        : DataReply(r, std::move(*p.data));
   Release(p.length);
-  Send(std::move(reply), p.request_cost);
+  Answer(std::move(reply), p.request_cost);
 }
 
 void Connection::PrefetchAfter(const Request& r) {

@@ -4,6 +4,7 @@
 #include <sys/uio.h>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "nbd/connection.h"
@@ -28,19 +29,39 @@ iovec Iov(const void* p, size_t n) { return iovec{const_cast<void*>(p), n}; }
 }  // namespace
 
 void Connection::Send(OutgoingReply reply, size_t cost) {
+  std::vector<Queued> one;
+  one.push_back({std::move(reply), cost, 0});
+  SendAll(std::move(one));
+}
+
+void Connection::Answer(OutgoingReply reply, size_t cost) {
+  if (!holding_) return Send(std::move(reply), cost);
+  held_.push_back({std::move(reply), cost, 0});
+}
+
+void Connection::ReapRing(int wait_ms) {
+  holding_ = true;
+  async_->Reap(wait_ms);
+  holding_ = false;
+  if (!held_.empty()) SendAll(std::exchange(held_, {}));
+}
+
+void Connection::SendAll(std::vector<Queued> batch) {
+  Count(options_.reply_counters, &ReplyCounters::replies, batch.size());
   util::UniqueLock lock(write_mu_);
   if (sending_ || !replies_.empty() || !direct_ok_ || write_failed_) {
-    // Notify under the lock: once the writer sends this reply, Run() may
+    // Notify under the lock: once the writer sends these replies, Run() may
     // return and destroy the connection, so this thread must be done with
-    // write_cv_ before the writer can see the reply.
-    replies_.push_back({std::move(reply), cost, 0});
+    // write_cv_ before the writer can see them.
+    for (Queued& q : batch) replies_.push_back(std::move(q));
     write_cv_.NotifyOne();
     return;
   }
   sending_ = true;  // the socket is ours until we give it back
   lock.Unlock();
+  Count(options_.reply_counters, &ReplyCounters::writes);
   std::vector<iovec> iov;
-  reply.AppendIovecs(&iov);
+  for (const Queued& q : batch) q.reply.AppendIovecs(&iov);
   const size_t total = IovBytes(iov);
   size_t sent = 0;
   Status error;
@@ -54,10 +75,15 @@ void Connection::Send(OutgoingReply reply, size_t cost) {
     sent += *n;
     AdvanceIov(&iov, *n);
   }
-  // A transport that consumed the reply but holds some of it (TLS records
-  // the socket did not take) needs the writer to finish: an empty reply
-  // makes it call WriteAllV, which sends them first.
+  // A transport that consumed the replies but holds some of them (TLS
+  // records the socket did not take) needs the writer to finish: an empty
+  // reply makes it call WriteAllV, which sends them first.
   const bool unsent = error.ok() && sent == total && transport_->HasUnsent();
+  // The replies wholly sent; the next one, if any, in part.
+  size_t whole = 0;
+  for (size_t at = 0; whole < batch.size() && at + batch[whole].reply.size() <= sent;
+       ++whole)
+    at += batch[whole].reply.size();
   lock.Lock();
   sending_ = false;
   if (unsent) {
@@ -71,19 +97,25 @@ void Connection::Send(OutgoingReply reply, size_t cost) {
     replies_lost_.store(true, std::memory_order_relaxed);
   }
   if (sent < total && (error.ok() || error.code() == Code::kNotSupported)) {
-    // The rest of this reply must go before any other.
-    replies_.push_front({std::move(reply), cost, sent});
+    // The rest must go before any other reply, in order; the writer
+    // releases their room.
+    size_t at = 0;
+    for (size_t i = 0; i < whole; ++i) at += batch[i].reply.size();
+    batch[whole].sent = sent - at;
+    for (size_t i = batch.size(); i-- > whole;) replies_.push_front(std::move(batch[i]));
     write_cv_.NotifyOne();
-    return;
+    batch.resize(whole);
+  } else if (!replies_.empty()) {
+    write_cv_.NotifyOne();
   }
-  if (!replies_.empty()) write_cv_.NotifyOne();
   lock.Unlock();
-  if (!error.ok()) {
+  if (!error.ok() && error.code() != Code::kNotSupported) {
     Log("nbd: cannot send reply: " + error.message());
     // Wake the reader if out_fd_ is a socket: there is no one to answer.
     transport_->Shutdown();
   }
-  Release(cost);  // last: afterwards Run() may return and destroy *this
+  // Last: after the final Release, Run() may return and destroy *this.
+  for (const Queued& q : batch) Release(q.cost);
 }
 
 void Connection::WriterLoop() {
@@ -100,6 +132,7 @@ void Connection::WriterLoop() {
     }
     // Everything that piled up goes out in one writev; only the first reply
     // can have been sent in part (by a direct send).
+    Count(options_.reply_counters, &ReplyCounters::writes);
     std::vector<iovec> iov;
     for (const Queued& q : batch) q.reply.AppendIovecs(&iov);
     AdvanceIov(&iov, batch.front().sent);
@@ -138,6 +171,12 @@ void OutgoingReply::AddHead(std::span<const uint8_t> bytes) {
 
 void OutgoingReply::AddData(size_t offset, size_t length) {
   pieces_.push_back({true, offset, length});
+}
+
+size_t OutgoingReply::size() const {
+  size_t total = 0;
+  for (const Piece& p : pieces_) total += p.length;
+  return total;
 }
 
 void OutgoingReply::AppendIovecs(std::vector<iovec>* out) const {

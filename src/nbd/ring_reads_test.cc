@@ -8,8 +8,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -75,8 +77,10 @@ class RingReadsTest : public ::testing::Test {
     TD_REQUIRE_CAPABILITY(AsyncReads::Create(8) != nullptr,
                           "io_uring cannot be set up here");
     disk_ = std::make_shared<PlannedDevice>(std::move(*file), contents_);
+    ServerOptions options;
+    options.connection.reply_counters = counters_;
     server_ = std::make_unique<testing::TestServer>(
-        std::vector<Export>{{"disk", "planned", disk_, false}});
+        std::vector<Export>{{"disk", "planned", disk_, false}}, options);
   }
   std::unique_ptr<testing::RawClient> Open(bool structured) {
     auto c = testing::RawClient::ConnectUnix(server_->socket_path());
@@ -92,8 +96,21 @@ class RingReadsTest : public ::testing::Test {
   test_env::TempDir dir_;
   std::vector<uint8_t> contents_;
   std::shared_ptr<PlannedDevice> disk_;
+  std::shared_ptr<ReplyCounters> counters_ = std::make_shared<ReplyCounters>();
   std::unique_ptr<testing::TestServer> server_;
 };
+
+// `handles` READs of `length` bytes each, data only (even 64 KiB blocks),
+// encoded into one write: the reader finds them all buffered.
+std::vector<uint8_t> DataReads(uint64_t handles, uint32_t length) {
+  std::vector<uint8_t> batch;
+  for (uint64_t h = 0; h < handles; ++h) {
+    const std::vector<uint8_t> one =
+        testing::RawClient::EncodeRequest(0, kCmdRead, h + 1, 2 * kHole * h, length);
+    batch.insert(batch.end(), one.begin(), one.end());
+  }
+  return batch;
+}
 
 // One structured READ's chunks, whichever READ comes next (ring reads
 // finish in any order, and each reply's chunks are sent together).
@@ -199,6 +216,52 @@ TEST_F(RingReadsTest, SimpleRepliesCarryTheZeros) {
     EXPECT_EQ(r->payload, Want(r->handle == 1 ? 0 : kHole + 512, 2 * kHole));
   }
   EXPECT_EQ(disk_->reads(), 0) << "a READ went through the device's Read";
+}
+
+TEST_F(RingReadsTest, RepliesReapedTogetherGoOutInOneWrite) {
+  auto c = Open(/*structured=*/false);
+  // The file's pages are cached (just written), so the ring finishes all
+  // eight reads while they are submitted, and one reap finds them done.
+  constexpr uint64_t kReads = 8;
+  ASSERT_TRUE(c->SendBytes(DataReads(kReads, 4096)).ok());
+  std::set<uint64_t> answered;
+  for (uint64_t i = 0; i < kReads; ++i) {
+    auto r = c->ReadReply(4096);
+    ASSERT_TRUE(r.has_value()) << r.status().ToString();
+    EXPECT_EQ(r->error, 0u);
+    ASSERT_TRUE(r->handle >= 1 && r->handle <= kReads) << r->handle;
+    EXPECT_TRUE(answered.insert(r->handle).second);
+    EXPECT_EQ(r->payload, Want(2 * kHole * (r->handle - 1), 4096));
+  }
+  EXPECT_EQ(counters_->replies.load(), kReads);
+  // One write; a read the kernel finished late could make it two.
+  EXPECT_LE(counters_->writes.load(), 2u);
+  EXPECT_EQ(disk_->reads(), 0) << "a READ went through the device's Read";
+}
+
+TEST_F(RingReadsTest, RepliesTheSocketTakesInPartFollowInOrder) {
+  auto c = Open(/*structured=*/false);
+  // 8 x 64 KiB replies reaped together are more than the socket takes
+  // while the client reads nothing: the write that sends them stops inside
+  // one, and the writer sends the rest of it and the replies after it.
+  constexpr uint64_t kReads = 8;
+  ASSERT_TRUE(c->SendBytes(DataReads(kReads, kHole)).ok());
+  // Bounded: the server's sends fill the socket long before this.
+  for (int i = 0; i < 200 && counters_->replies.load() < kReads; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::set<uint64_t> answered;
+  for (uint64_t i = 0; i < kReads; ++i) {
+    auto r = c->ReadReply(kHole);
+    ASSERT_TRUE(r.has_value()) << r.status().ToString();
+    EXPECT_EQ(r->error, 0u);
+    ASSERT_TRUE(r->handle >= 1 && r->handle <= kReads) << r->handle;
+    EXPECT_TRUE(answered.insert(r->handle).second);
+    EXPECT_EQ(r->payload, Want(2 * kHole * (r->handle - 1), kHole))
+        << "handle " << r->handle;
+  }
+  EXPECT_EQ(counters_->replies.load(), kReads);
+  EXPECT_GE(counters_->writes.load(), 2u) << "the socket took every reply at once";
 }
 
 }  // namespace
