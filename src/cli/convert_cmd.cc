@@ -234,17 +234,16 @@ class ConvertCommand final : public Subcommand {
                             block::ProbeFormat(block::ResolveBackingName(dst_file_, backing_)));
       }
     }
-    const bool dst_export = nbdclient::IsNbdUri(dst_file_);
     if (!block::IsUriName(dst_file_) && !nbdclient::UriScheme(dst_file_).empty()) {
       // As qemu-img does, "scheme://" names a protocol, never a new file.
       return Status::InvalidArgument(nbdclient::UnknownProtocolMessage(dst_file_));
     }
-    TD_RETURN_IF_ERROR(dst_export ? CreateOnExport(dst_file_, plan, src.get())
-                                   : CreateImageFile(dst_file_, plan));
+    TD_RETURN_IF_ERROR(CreateImageFile(dst_file_, plan, src.get()));
 
     Status s = Copy(*src, plan.backing_file.empty() ? Target::kZero : Target::kBacking);
     if (!s.ok()) {
-      if (!dst_export) RemoveCreatedImage(dst_file_);
+      RemoveCreatedImage(
+          dst_file_);  // a file or a pool's image; never an export or device
       return s;
     }
     (void)src->Close();

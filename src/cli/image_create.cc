@@ -66,6 +66,50 @@ Status CreateRadosImage(const std::string& name, const CreatePlan& plan) {
   return Status::Ok();
 }
 
+// The kind of a node that is neither a regular file nor a block device,
+// for the error that refuses to make an image there.
+const char* OtherKind(mode_t mode) {
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+// Lays an empty image on a store of fixed size (an NBD export, or a block
+// device: `what` says which): see CreateOnExport in image_create.h.
+Status CreateInPlace(const std::string& name, const char* what, const CreatePlan& plan,
+                     block::Device* src, const io::OpenOptions& io_options) {
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> store,
+                      block::OpenStorage(name, io_options));
+  TD_ASSIGN_OR_RETURN(uint64_t capacity, store->Size());
+  auto too_small = [&](uint64_t needed) {
+    return Status(Code::kNoSpace,
+                  name + ": the " + what + " is too small (" + std::to_string(capacity) +
+                      " bytes) for the " + plan.format + " image (" +
+                      std::to_string(needed) + " bytes needed)",
+                  ENOSPC);
+  };
+  if (plan.format == "raw") {
+    if (capacity < plan.size) return too_small(plan.size);
+    TD_RETURN_IF_ERROR(store->PunchHole(0, plan.size));
+    return store->Flush();
+  }
+  const qcow2::CreateOptions q = Qcow2Options(plan);
+  TD_ASSIGN_OR_RETURN(uint64_t full, qcow2::FullyAllocatedSize(q));
+  if (capacity < full) {
+    TD_ASSIGN_OR_RETURN(qcow2::MeasureResult m, qcow2::Measure(src, q));
+    if (capacity < m.required) return too_small(m.required);
+  }
+  TD_ASSIGN_OR_RETURN(std::unique_ptr<nbdclient::ExportFile> view,
+                      nbdclient::ExportFile::Make(*store));
+  std::string warning;
+  Status s = qcow2::Create(*view, q, &warning);
+  if (!s.ok()) return s.WithContext(name);
+  if (!warning.empty()) PrintWarning(warning);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<qcow2::Preallocation> ParseQcow2Prealloc(const std::string& v) {
@@ -179,7 +223,8 @@ void DefaultExtendedL2(CreatePlan& plan) {
     plan.qcow2.extended_l2 = false;
 }
 
-Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
+Status CreateImageFile(const std::string& filename, const CreatePlan& plan,
+                       block::Device* src) {
   if (plan.object_size && !io::IsRadosName(filename)) {
     return Status::InvalidArgument(filename +
                                    ": object_size is an option of rados:// images only");
@@ -190,12 +235,24 @@ Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
                                 ": thindisk does not create RBD images (use rbd create, or a "
                                 "rados:// image)");
   }
-  if (nbdclient::IsNbdUri(filename)) return CreateOnExport(filename, plan, nullptr);
+  if (nbdclient::IsNbdUri(filename)) return CreateOnExport(filename, plan, src);
   io::OpenOptions io_options;
-  io_options.create = true;
   // Before the truncation below: an image another process uses is refused
   // and left as it is (qemu-img create locks first, too).
   io_options.lock = io::QemuLockMode::kWrite;
+  struct stat st {};
+  if (::stat(filename.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    // A block device (or a link to one, as /dev/VG/LV is) keeps its size
+    // and its node: the image is laid on it as on an export, as qemu-img
+    // lays one on a host_device.
+    if (S_ISBLK(st.st_mode))
+      return CreateInPlace(filename, "device", plan, src, io_options);
+    return Status::InvalidArgument(
+        filename + " is " + OtherKind(st.st_mode) +
+        ": an image is made in a file, on a block device, an NBD "
+        "export or a rados:// pool");
+  }
+  io_options.create = true;
   TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> storage, io::OpenFile(filename, io_options));
   std::string warning;
   Status s = storage->Resize(0);  // qemu-img create overwrites an existing file
@@ -203,7 +260,7 @@ Status CreateImageFile(const std::string& filename, const CreatePlan& plan) {
   if (s.ok()) s = storage->Flush();
   storage.reset();
   if (!s.ok()) {
-    ::unlink(filename.c_str());
+    RemoveCreatedImage(filename);
     return s.WithContext(filename);
   }
   if (!warning.empty()) PrintWarning(warning);
@@ -227,44 +284,18 @@ const char* SameImage(const std::string& source, const std::string& destination)
 }
 
 void RemoveCreatedImage(const std::string& filename) {
+  struct stat st {};
   if (io::IsRadosName(filename)) {
     (void)io::ceph_module::RemoveRados(filename);
-  } else if (!block::IsUriName(filename)) {
-    ::unlink(filename.c_str());
+  } else if (!block::IsUriName(filename) && ::stat(filename.c_str(), &st) == 0 &&
+             S_ISREG(st.st_mode)) {
+    ::unlink(filename.c_str());  // never a device's node
   }
 }
 
 // See image_create.h.
 Status CreateOnExport(const std::string& uri, const CreatePlan& plan, block::Device* src) {
-  io::OpenOptions io_options;
-  TD_ASSIGN_OR_RETURN(std::unique_ptr<io::Storage> store,
-                      block::OpenStorage(uri, io_options));
-  TD_ASSIGN_OR_RETURN(uint64_t capacity, store->Size());
-  auto too_small = [&](uint64_t needed) {
-    return Status(Code::kNoSpace,
-                  uri + ": the export is too small (" + std::to_string(capacity) +
-                      " bytes) for the " + plan.format + " image (" + std::to_string(needed) +
-                      " bytes needed)",
-                  ENOSPC);
-  };
-  if (plan.format == "raw") {
-    if (capacity < plan.size) return too_small(plan.size);
-    TD_RETURN_IF_ERROR(store->PunchHole(0, plan.size));
-    return store->Flush();
-  }
-  const qcow2::CreateOptions q = Qcow2Options(plan);
-  TD_ASSIGN_OR_RETURN(uint64_t full, qcow2::FullyAllocatedSize(q));
-  if (capacity < full) {
-    TD_ASSIGN_OR_RETURN(qcow2::MeasureResult m, qcow2::Measure(src, q));
-    if (capacity < m.required) return too_small(m.required);
-  }
-  TD_ASSIGN_OR_RETURN(std::unique_ptr<nbdclient::ExportFile> view,
-                      nbdclient::ExportFile::Make(*store));
-  std::string warning;
-  Status s = qcow2::Create(*view, q, &warning);
-  if (!s.ok()) return s.WithContext(uri);
-  if (!warning.empty()) PrintWarning(warning);
-  return Status::Ok();
+  return CreateInPlace(uri, "export", plan, src, io::OpenOptions());
 }
 
 }  // namespace thindisk::cli

@@ -56,10 +56,15 @@ std::string FormattingLine(const std::string& filename, const CreatePlan& plan);
 // On failure after the file was created, removes it so no half-made image
 // is left. A fallback the host forced (falloc -> zeros) is printed as a
 // warning on stderr.
-// An NBD URI is created with CreateOnExport (src: none). A rados:// image
-// is never overwritten: kBusy when it exists (qemu-img's rbd driver refuses
-// too; remove it first with thindisk rm).
-Status CreateImageFile(const std::string& filename, const CreatePlan& plan);
+// An NBD URI is created with CreateOnExport, and so is an existing block
+// device (or a link to one): it keeps its size and its node, and must hold
+// the image (`src`, when given, is measured for that). Any other node that
+// is not a regular file (a character device such as /dev/null, a
+// directory, a FIFO) is refused, untouched. A rados:// image is never
+// overwritten: kBusy when it exists (qemu-img's rbd driver refuses too;
+// remove it first with thindisk rm).
+Status CreateImageFile(const std::string& filename, const CreatePlan& plan,
+                       block::Device* src = nullptr);
 
 // Whether `source` and `destination` name one image, so that writing the
 // destination would destroy what is read: "export" (the same NBD URI),
@@ -69,12 +74,14 @@ Status CreateImageFile(const std::string& filename, const CreatePlan& plan);
 const char* SameImage(const std::string& source, const std::string& destination);
 
 // Removes what CreateImageFile made, after a later step failed (convert's
-// copy): unlinks a file, removes a rados:// image's objects. Best effort:
-// the first error is what the caller reports.
+// copy): unlinks a regular file, removes a rados:// image's objects; leaves
+// an export and a block device as they are. Best effort: the first error
+// is what the caller reports.
 void RemoveCreatedImage(const std::string& filename);
 
-// Lays an empty image on the NBD export `uri`, so that what a copy skips
-// (zero extents) reads as zeros there, as on a new file:
+// Lays an empty image on the NBD export `uri` (or, through
+// CreateImageFile, on a block device), so that what a copy skips (zero
+// extents) reads as zeros there, as on a new file:
 //  - raw: the export itself is the image; its first plan.size bytes are
 //    zeroed with write-zeroes (the server may punch them), not written.
 //  - qcow2: created at the export's start through nbdclient::ExportFile;

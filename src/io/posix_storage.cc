@@ -370,6 +370,7 @@ Status PosixStorage::Allocate(uint64_t offset, uint64_t length) {
 Status PosixStorage::PunchHole(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(CheckWritable());
   TD_RETURN_IF_ERROR(CheckRange(path_, offset, length));
+  if (is_block_device_) TD_RETURN_IF_ERROR(ZeroDeviceEdges(&offset, &length));
   if (length == 0) return Status::Ok();
   int e = RetryFallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, offset, length);
   if (e == 0) return Status::Ok();
@@ -383,6 +384,11 @@ Status PosixStorage::PunchHole(uint64_t offset, uint64_t length) {
 Status PosixStorage::ZeroRange(uint64_t offset, uint64_t length) {
   TD_RETURN_IF_ERROR(CheckWritable());
   TD_RETURN_IF_ERROR(CheckRange(path_, offset, length));
+  if (is_block_device_) {
+    const uint64_t asked = length;
+    TD_RETURN_IF_ERROR(ZeroDeviceEdges(&offset, &length));
+    bytes_written_ += asked - length;
+  }
   if (length == 0) return Status::Ok();
   // Block devices take ZERO_RANGE only with KEEP_SIZE (their size is fixed).
   const int zero_mode = FALLOC_FL_ZERO_RANGE | (is_block_device_ ? FALLOC_FL_KEEP_SIZE : 0);
@@ -414,6 +420,25 @@ Status PosixStorage::ZeroRange(uint64_t offset, uint64_t length) {
   // Fallback 2: write zeros.
   TD_RETURN_IF_ERROR(WriteZeros(offset, length));
   bytes_written_ += length;
+  return Status::Ok();
+}
+
+Status PosixStorage::ZeroDeviceEdges(uint64_t* offset, uint64_t* length) {
+  int logical = 0;
+  if (ioctl(fd_, BLKSSZGET, &logical) < 0 || logical < 512) logical = 512;
+  const uint64_t b = uint64_t(logical);
+  const uint64_t end = *offset + *length;
+  const uint64_t first = (*offset + b - 1) / b * b;
+  const uint64_t last = end / b * b;
+  if (first >= last) {
+    TD_RETURN_IF_ERROR(WriteZeros(*offset, *length));
+    *length = 0;
+    return Status::Ok();
+  }
+  if (*offset < first) TD_RETURN_IF_ERROR(WriteZeros(*offset, first - *offset));
+  if (last < end) TD_RETURN_IF_ERROR(WriteZeros(last, end - last));
+  *offset = first;
+  *length = last - first;
   return Status::Ok();
 }
 

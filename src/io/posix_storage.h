@@ -123,6 +123,10 @@ class PosixStorage final : public Storage {
   // `data` at `in_block`. Takes the block's stripe lock.
   Status RmwBlock(uint64_t block_offset, size_t in_block, std::span<const uint8_t> data);
   Status WriteZeros(uint64_t offset, uint64_t length);
+  // A block device takes fallocate on whole logical blocks only (EINVAL
+  // otherwise): writes the partial blocks at the ends of the range as
+  // zeros and narrows it to the whole blocks between (length 0: none).
+  Status ZeroDeviceEdges(uint64_t* offset, uint64_t* length);
   Result<uint64_t> Seek(uint64_t offset, int whence);
 
   const int fd_;
