@@ -1,6 +1,7 @@
 #include "cli/common.h"
 
 #include <fmt/format.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstdio>
@@ -37,6 +38,15 @@ void PrintError(std::string_view message) {
   std::fflush(stdout);
   std::string line = fmt::format("thindisk: {}\n", message);
   std::fputs(line.c_str(), stderr);
+}
+
+const char* NodeKind(unsigned mode) {
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
 }
 
 void PrintWarning(std::string_view message) {

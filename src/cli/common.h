@@ -46,6 +46,11 @@ void PrintError(std::string_view message);
 // Prints "thindisk: warning: <message>" on stderr.
 void PrintWarning(std::string_view message);
 
+// What a node that is not a regular file is, for the errors that refuse
+// to make or remove an image there: "a block device", "a character
+// device", "a directory", "a FIFO", "a socket".
+const char* NodeKind(unsigned mode);
+
 // Parses a size as qemu-img does: a number with an optional fraction and an
 // optional binary suffix b/k/M/G/T/P/E (case-insensitive; b = bytes);
 // without a suffix the number is bytes. "1.5G", "64k", "4096". Errors

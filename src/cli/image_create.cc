@@ -66,16 +66,6 @@ Status CreateRadosImage(const std::string& name, const CreatePlan& plan) {
   return Status::Ok();
 }
 
-// The kind of a node that is neither a regular file nor a block device,
-// for the error that refuses to make an image there.
-const char* OtherKind(mode_t mode) {
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
-}
-
 // Lays an empty image on a store of fixed size (an NBD export, or a block
 // device: `what` says which): see CreateOnExport in image_create.h.
 Status CreateInPlace(const std::string& name, const char* what, const CreatePlan& plan,
@@ -248,7 +238,7 @@ Status CreateImageFile(const std::string& filename, const CreatePlan& plan,
     if (S_ISBLK(st.st_mode))
       return CreateInPlace(filename, "device", plan, src, io_options);
     return Status::InvalidArgument(
-        filename + " is " + OtherKind(st.st_mode) +
+        filename + " is " + NodeKind(st.st_mode) +
         ": an image is made in a file, on a block device, an NBD "
         "export or a rados:// pool");
   }

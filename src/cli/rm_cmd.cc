@@ -4,6 +4,7 @@
 // while no other process has it open as an image (qemu's image lock, as
 // every writer takes), so a running VM's disk is refused rather than pulled
 // away.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -68,6 +69,12 @@ class RmCommand final : public Subcommand {
     }
     if (block::IsUriName(image)) {
       return Status::InvalidArgument(image + ": an NBD export is the server's to remove");
+    }
+    struct stat st {};
+    if (::stat(image.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+      return Status::InvalidArgument(
+          image + " is " + NodeKind(st.st_mode) +
+          ": thindisk rm removes image files and rados:// images");
     }
     // Held until the unlink: no one can open the image as a writer between
     // the check and the removal.

@@ -502,6 +502,14 @@ Result<CompactStats> CompactFile(const std::string& path, const CompactFileOptio
   }
   struct stat st {};
   if (::fstat(lock->fd(), &st) != 0) return Status::FromErrno(errno, path + ": stat");
+  // The rename below would put a file where the node is.
+  if (!S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument(
+        path + " is not a regular file (" +
+        (S_ISBLK(st.st_mode) ? "a block device" : "a special file") +
+        "): compact rewrites an image into a new file beside it; "
+        "convert it into a file instead");
+  }
   if (options.on_step) options.on_step(CompactStep::kLocked);
 
   // 2. The new image, beside the original (same file system: rename is

@@ -17,6 +17,8 @@
 // or not, bits) before the rewrite and adds it to the new image before that
 // is checked and made durable, so the new image at the path always has
 // them; an inconsistent bitmap (in use, damaged) is refused with its name.
+// CompactFile refuses (kInvalidArgument) an image that is not a regular
+// file, such as one on a block device: its node is never replaced.
 // Also refused (kNotSupported, with the reason): images the codec refuses
 // (encryption, external data file). kCorrupt when the image is marked
 // corrupt or `check` finds corruptions (repair it first).

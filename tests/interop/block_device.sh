@@ -17,6 +17,8 @@
 #      fail): exit 1, the node still a block device.
 #   6. A character device (a /dev/null node), a directory and a FIFO as
 #      the destination of convert, create and dd: refused, left as they are.
+#   7. compact and rm of the image on the device: refused (compact would
+#      rename a new file over the node, rm would unlink it), the image whole.
 source "$(dirname "$0")/lib.sh"
 require_tool "$QEMU_IMG" "$QEMU_IO" losetup nbdkit sha256sum
 require_thindisk
@@ -125,5 +127,16 @@ for dst in null-node dir fifo; do
   td_fails "is a (character device|directory|FIFO)" "dd onto $dst" dd if=src.qcow2 of="$dst"
 done
 [[ -c null-node && -d dir && -p fifo ]] || fail "a refused destination was changed: $(ls -l)"
+
+log "7. compact and rm leave the device alone"
+td convert -O qcow2 src.qcow2 "$DEV"
+td_fails "is not a regular file \(a block device\): compact rewrites" "compact on the device" \
+  compact "$DEV"
+td_fails "is a block device: thindisk rm removes image files" "rm of the device" rm "$DEV"
+td_fails "is a block device" "rm through a link to the device" rm lv
+assert_block_device "$DEV" "compact and rm"
+[[ -L lv ]] || fail "rm removed the link to the device"
+qemu_check "$DEV"
+ok "$QEMU_IMG" compare -f qcow2 -F qcow2 src.qcow2 "$DEV"
 
 log "PASS"
