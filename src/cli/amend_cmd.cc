@@ -179,6 +179,11 @@ class AmendCommand final : public Subcommand {
     if (!p.backing_format.empty() && p.backing_file.empty()) {
       return Status::InvalidArgument("backing_fmt needs a backing file");
     }
+    if (get("backing_file") && !p.backing_file.empty()) {
+      TD_RETURN_IF_ERROR(RefuseBackingLoop(
+          filename_, p.backing_file, block::ResolveBackingName(filename_, p.backing_file),
+          p.backing_format));
+    }
     if (auto* v = get("size")) {
       TD_ASSIGN_OR_RETURN(p.size, ParseSize(*v));
       if (p.size < cur.size) {

@@ -56,6 +56,7 @@
 #include "cli/convert_copy.h"
 #include "cli/image_create.h"
 #include "cli/image_opts.h"
+#include "cli/image_summary.h"
 #include "cli/serve_options.h"
 #include "cli/writeback.h"
 #include "io/rados_name.h"
@@ -229,10 +230,12 @@ class ConvertCommand final : public Subcommand {
       if (dst_format_ != "qcow2") return Status::InvalidArgument("-B needs -O qcow2");
       plan.backing_file = backing_;
       plan.backing_format = backing_format_;
+      const std::string backing_path = block::ResolveBackingName(dst_file_, backing_);
       if (plan.backing_format.empty()) {
-        TD_ASSIGN_OR_RETURN(plan.backing_format,
-                            block::ProbeFormat(block::ResolveBackingName(dst_file_, backing_)));
+        TD_ASSIGN_OR_RETURN(plan.backing_format, block::ProbeFormat(backing_path));
       }
+      TD_RETURN_IF_ERROR(
+          RefuseBackingLoop(dst_file_, backing_, backing_path, plan.backing_format));
     }
     if (!block::IsUriName(dst_file_) && !nbdclient::UriScheme(dst_file_).empty()) {
       // As qemu-img does, "scheme://" names a protocol, never a new file.

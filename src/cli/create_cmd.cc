@@ -89,8 +89,13 @@ class CreateCommand final : public Subcommand {
         return Status::InvalidArgument(filename_ +
                                        ": backing file specified without backing format (-F)");
       }
+      const std::string path = block::ResolveBackingName(filename_, plan.backing_file);
+      // Creating truncates the file: an image over itself, or under a chain
+      // that reads it, would lose its data (qemu-img refuses the same name
+      // too), with -u as well.
+      TD_RETURN_IF_ERROR(RefuseBackingLoop(filename_, plan.backing_file, path,
+                                           unsafe_ ? "" : plan.backing_format));
       if (!unsafe_) {
-        std::string path = block::ResolveBackingName(filename_, plan.backing_file);
         auto backing = ReadImageSummary(path, plan.backing_format);
         if (!backing.has_value()) {
           return backing.error().WithContext("could not open backing image '" + path + "'");

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "block/open.h"
+#include "cli/image_create.h"
 #include "qcow2/bitmaps.h"
 #include "vhd/vhd_image.h"
 
@@ -142,6 +143,27 @@ Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
     name = next;
     fmt = next_format;
   }
+}
+
+Status RefuseBackingLoop(const std::string& image, const std::string& backing,
+                         const std::string& path, const std::string& format) {
+  if (SameImage(path, image) != nullptr) {
+    return Status::InvalidArgument(image + ": the backing file (" + backing +
+                                   ") is the image itself");
+  }
+  if (format.empty()) return Status::Ok();
+  // Headers only, sharing any lock (the caller may hold the image's).
+  auto chain = ReadBackingChain(path, format, /*force_share=*/true);
+  if (!chain.has_value()) return Status::Ok();
+  std::string names = image;
+  for (const ImageSummary& s : *chain) names += " -> " + s.filename;
+  for (const ImageSummary& s : *chain) {
+    if (SameImage(s.filename, image) != nullptr) {
+      return Status::InvalidArgument(image + " would be in its own backing chain (" +
+                                     names + "): a backing file loop");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace thindisk::cli

@@ -52,4 +52,12 @@ Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
                                                    const std::string& format,
                                                    bool force_share = false);
 
+// Refuses giving `image` the backing file `backing` (as stored; `path` is
+// where it resolves) when that makes a loop: `path` is `image` itself, or,
+// with `format` given, `image` lies further down the chain below `path`
+// (as far as that chain can be read: one that cannot is left to whoever
+// opens it). kInvalidArgument naming the chain.
+Status RefuseBackingLoop(const std::string& image, const std::string& backing,
+                         const std::string& path, const std::string& format);
+
 }  // namespace thindisk::cli

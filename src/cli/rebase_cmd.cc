@@ -75,6 +75,9 @@ class RebaseCommand final : public Subcommand {
       }
       backing_format_ = *probed;
     }
+    if (!backing_.empty())
+      TD_RETURN_IF_ERROR(
+          RefuseBackingLoop(filename_, backing_, new_path, backing_format_));
     if (!unsafe_) TD_RETURN_IF_ERROR(CopyDifferences(new_path));
 
     io::OpenOptions io_options;

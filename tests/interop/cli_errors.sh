@@ -10,7 +10,10 @@ require_thindisk
 ok "$QEMU_IMG" create -q -f qcow2 src.qcow2 4M
 ok "$QEMU_IO" -c "write -P 0x5a 0 64k" -c "write -P 0xa5 1M 4k" src.qcow2
 ok "$QEMU_IMG" create -q -f raw src.raw 1M
-SUM_BEFORE=$(sha256sum src.qcow2 src.raw)
+# A clone of it, for the backing loops below.
+ok "$QEMU_IMG" create -q -f qcow2 -b src.qcow2 -F qcow2 clone.qcow2
+ok "$QEMU_IO" -c "write -P 0x3c 2M 64k" clone.qcow2
+SUM_BEFORE=$(sha256sum src.qcow2 src.raw clone.qcow2)
 CASES=0
 
 # bad CASE_NAME OUTPUT_OR_- ARGS...: `thindisk ARGS` must fail cleanly and
@@ -35,7 +38,8 @@ bad() {
   if [[ $output != - ]]; then
     assert_absent "$output" "$what: partial output left by 'thindisk $*'"
   fi
-  assert_eq "$SUM_BEFORE" "$(sha256sum src.qcow2 src.raw)" "$what: source changed by 'thindisk $*'"
+  assert_eq "$SUM_BEFORE" "$(sha256sum src.qcow2 src.raw clone.qcow2)" \
+    "$what: source changed by 'thindisk $*'"
   echo "ok: $what: $(cat "$ERR")"
 }
 
@@ -52,6 +56,20 @@ bad "create: zstd with compat 0.10" out.qcow2 \
 bad "create: unknown format" out.img create -f nosuchformat out.img 1G
 bad "create: missing backing file" out.qcow2 create -f qcow2 -b missing.qcow2 -F qcow2 out.qcow2
 bad "create: directory does not exist" - create -f qcow2 no/such/dir/out.qcow2 1G
+# Backing loops: creating truncates, so the image's data would be lost.
+bad "create: over itself as its backing file" - create -f qcow2 -b clone.qcow2 -F qcow2 clone.qcow2
+bad "create -u: over itself as its backing file" - \
+  create -f qcow2 -u -b clone.qcow2 -F qcow2 clone.qcow2 4M
+bad "create: under a clone of itself" - create -f qcow2 -b clone.qcow2 -F qcow2 src.qcow2
+
+# rebase, amend and convert -B into a backing loop
+bad "rebase -u: onto itself" - rebase -u -b clone.qcow2 -F qcow2 clone.qcow2
+bad "rebase -u: under a clone of itself" - rebase -u -b clone.qcow2 -F qcow2 src.qcow2
+bad "rebase: under a clone of itself" - rebase -b clone.qcow2 -F qcow2 src.qcow2
+bad "amend: backing_file a clone of itself" - \
+  amend -o backing_file=clone.qcow2,backing_fmt=qcow2 src.qcow2
+bad "convert -B: the target as its own backing file" - \
+  convert -O qcow2 -B src.qcow2 -F qcow2 clone.qcow2 src.qcow2
 
 # info
 bad "info: missing file" - info missing.qcow2
