@@ -396,6 +396,14 @@ OutgoingReply Connection::DataReply(const Request& r, PayloadBuffer data) const 
   return reply;
 }
 
+OutgoingReply Connection::ReadDoneReply(const Request& r, const Status& s, bool chunked,
+                                        const std::vector<Segment>& segments,
+                                        PayloadBuffer data) {
+  if (!s.ok()) return DeviceErrorReply(r, s);
+  if (chunked) return ChunkedReply(r, segments, std::move(data));
+  return DataReply(r, std::move(data));
+}
+
 bool Connection::ReadAsync(const Request& r, size_t cost) {
   if (!async_) return false;
   // Whatever cannot be planned (compressed clusters, a table not in memory,
@@ -419,13 +427,10 @@ bool Connection::ReadAsync(const Request& r, size_t cost) {
   std::vector<AsyncReads::HostRead> reads = HostReads(*plan, data->span(), chunked);
   on_pool_.fetch_add(1, std::memory_order_acq_rel);
   auto pins = std::make_shared<block::ReadPlan>(std::move(*plan));
-  async_->Add(reads, [this, r, cost, data, pins,
+  async_->Add(reads, [this, r, cost, chunked, data, pins,
                       segments = std::move(segments)](Status s) mutable {
     pins.reset();  // the host ranges are read: the engine may free them
-    OutgoingReply reply = !s.ok() ? DeviceErrorReply(r, s)
-                          : segments.empty()
-                              ? DataReply(r, std::move(*data))
-                              : ChunkedReply(r, segments, std::move(*data));
+    OutgoingReply reply = ReadDoneReply(r, s, chunked, segments, std::move(*data));
     on_pool_.fetch_sub(1, std::memory_order_acq_rel);
     Answer(std::move(reply), cost);
   });

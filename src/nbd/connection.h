@@ -82,6 +82,8 @@
 
 namespace thindisk::nbd {
 
+struct Segment;  // read_reply.h
+
 // What became of a connection's prefetches (ConnectionOptions::prefetch_reads).
 struct PrefetchCounters {
   std::atomic<uint64_t> started{0};    // host reads handed to the ring
@@ -218,6 +220,11 @@ class Connection {
   OutgoingReply ExecuteRead(const Request& r);
   // A READ's reply carrying `data` whole (simple, or one data chunk).
   OutgoingReply DataReply(const Request& r, PayloadBuffer data) const;
+  // The reply to a READ whose host reads (into `data`) ended with `s`:
+  // its error, its chunks (`chunked`: data and holes per `segments`), or
+  // DataReply.
+  OutgoingReply ReadDoneReply(const Request& r, const Status& s, bool chunked,
+                              const std::vector<Segment>& segments, PayloadBuffer data);
   // Reader only: plans `r` and hands its host reads to the ring; false
   // when it cannot (the caller then runs it on the pool).
   bool ReadAsync(const Request& r, size_t cost);

@@ -108,9 +108,8 @@ bool Connection::AnswerFromPrefetch(const Request& r, size_t cost) {
 
 void Connection::AnswerPrefetched(Prefetch& p) {
   const Request& r = p.request;
-  OutgoingReply reply = !p.status.ok() ? DeviceErrorReply(r, p.status)
-                        : p.chunked    ? ChunkedReply(r, p.segments, std::move(*p.data))
-                                       : DataReply(r, std::move(*p.data));
+  OutgoingReply reply =
+      ReadDoneReply(r, p.status, p.chunked, p.segments, std::move(*p.data));
   Release(p.length);
   Answer(std::move(reply), p.request_cost);
 }
