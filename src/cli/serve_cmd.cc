@@ -8,10 +8,10 @@
 // qcow2 images clean). Option values are parsed in serve_options.h, --fork
 // is serve_fork.h and -L is nbdclient/list_exports.h; docs/qemu-nbd.md maps every
 // qemu-nbd option to what this command does.
-#include <CLI/CLI.hpp>
 #include <signal.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -24,6 +24,7 @@
 
 #include "block/open.h"
 #include "cli/common.h"
+#include "cli/image_create.h"
 #include "cli/serve_control.h"
 #include "cli/serve_fork.h"
 #include "cli/serve_open.h"
@@ -199,6 +200,24 @@ class ServeCommand final : public Subcommand {
     if (specs.empty()) return Status::InvalidArgument("nothing to serve: give IMAGE or --export");
     if (image_opts_) {
       for (Spec& s : specs) TD_RETURN_IF_ERROR(ApplyImageOpts(s.file, s.settings));
+    }
+    // One image under two exports: its write lock would refuse the second
+    // as "in use by another process"; say which exports instead.
+    for (size_t i = 0; i < specs.size(); ++i) {
+      const bool writes =
+          !specs[i].settings.open.read_only && !specs[i].settings.temp_overlay;
+      for (size_t j = 0; j < i; ++j) {
+        const bool other_writes =
+            !specs[j].settings.open.read_only && !specs[j].settings.temp_overlay;
+        if ((writes || other_writes) &&
+            SameImage(specs[j].file, specs[i].file) != nullptr) {
+          return Status::InvalidArgument(
+              "exports '" + specs[j].name + "' and '" + specs[i].name +
+              "' serve one image (" + specs[j].file + ", " + specs[i].file +
+              "): an image written through one export cannot be served by another (serve "
+              "them read-only with -r, or with -s)");
+        }
+      }
     }
     TD_RETURN_IF_ERROR(CheckListenOptions());
     TD_ASSIGN_OR_RETURN(tls_, tls_options_.Build());

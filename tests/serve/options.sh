@@ -190,4 +190,17 @@ for bad in "" "--export noequals" "--stdio -k x.sock disk.qcow2" "nosuch.qcow2" 
   expect_eq "exit status of 'serve $bad'" "$rc" 1
   grep -q "thindisk" err.out || fail "no message for 'serve $bad'"
 done
+# One image written through two exports (the second name a link to it):
+# refused naming both exports; read-only, both may serve it.
+ln -s disk.qcow2 link.qcow2
+rc=0
+timeout 10 "$TD" serve -k "$TMP/never.sock" --export a=disk.qcow2 --export b=link.qcow2 \
+  >err.out 2>&1 || rc=$?
+expect_eq "exit status of two writable exports of one image" "$rc" 1
+grep -q "exports 'a' and 'b' serve one image" err.out ||
+  fail "two writable exports of one image: $(cat err.out)"
+serve_unix two two.sock -r --export a=disk.qcow2 --export b=link.qcow2
+run_ok "two read-only exports of one image" qemu-io -r -f raw \
+  "nbd+unix:///b?socket=$TMP/two.sock" -c 'read -P 0x5a 0 1M'
+stop_server "$SERVER_PID" two
 log "options: ok"
