@@ -99,11 +99,16 @@ assert_eq "rados://$POOL/$TAG-base?conf=$CEPH_CONF" "$(jq -r '.[1].filename' "$O
   "the backing layer reached through the clone's conf"
 capture env -u CEPH_CONF "$TD" compare "$(img clone)?conf=$CEPH_CONF" expect.qcow2
 ((RC == 0)) || fail "compare through ?conf=: $(cat "$OUT" "$ERR")"
-# A chain that names itself is refused, not followed.
-td create -u -f qcow2 -b "$TAG-loop" -F qcow2 "$(img loop)" 1M
-td_fails "backing file loop" "an image in the pool that is its own backing file" \
+# An image is never made its own backing file, even with -u; a chain
+# that loops through two (-u reads neither) is refused, not followed.
+td_fails "is the image itself" "create -u over its own name in the pool" \
+  create -u -f qcow2 -b "$TAG-loop" -F qcow2 "$(img loop)" 1M
+td create -u -f qcow2 -b "$TAG-loop2" -F qcow2 "$(img loop)" 1M
+td create -u -f qcow2 -b "$TAG-loop" -F qcow2 "$(img loop2)" 1M
+td_fails "backing file loop" "an image in the pool whose chain comes back to it" \
   io -c "read 0 512" "$(img loop)"
 td rm -q "$(img loop)"
+td rm -q "$(img loop2)"
 # A local clone over the base in the pool.
 td create -f qcow2 -b "$(img base)" -F qcow2 local-clone.qcow2
 td compare local-clone.qcow2 ref.qcow2
