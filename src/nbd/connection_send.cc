@@ -79,11 +79,6 @@ void Connection::SendAll(std::vector<Queued> batch) {
   // records the socket did not take) needs the writer to finish: an empty
   // reply makes it call WriteAllV, which sends them first.
   const bool unsent = error.ok() && sent == total && transport_->HasUnsent();
-  // The replies wholly sent; the next one, if any, in part.
-  size_t whole = 0;
-  for (size_t at = 0; whole < batch.size() && at + batch[whole].reply.size() <= sent;
-       ++whole)
-    at += batch[whole].reply.size();
   lock.Lock();
   sending_ = false;
   if (unsent) {
@@ -98,9 +93,10 @@ void Connection::SendAll(std::vector<Queued> batch) {
   }
   if (sent < total && (error.ok() || error.code() == Code::kNotSupported)) {
     // The rest must go before any other reply, in order; the writer
-    // releases their room.
-    size_t at = 0;
-    for (size_t i = 0; i < whole; ++i) at += batch[i].reply.size();
+    // releases their room. `whole` replies went out whole, the next one
+    // (which starts at byte `at`) in part.
+    size_t whole = 0, at = 0;
+    while (at + batch[whole].reply.size() <= sent) at += batch[whole++].reply.size();
     batch[whole].sent = sent - at;
     for (size_t i = batch.size(); i-- > whole;) replies_.push_front(std::move(batch[i]));
     write_cv_.NotifyOne();
