@@ -204,8 +204,11 @@ class ConvertCommand final : public Subcommand {
     }
     TD_RETURN_IF_ERROR(RefuseWithSeveralSources());
     TD_ASSIGN_OR_RETURN(std::unique_ptr<block::Device> src, OpenSources(src_options));
-    for (const std::string& source : src_files_)
-      TD_RETURN_IF_ERROR(RefuseSameFile(source));
+    for (size_t i = 0; i < src_files_.size(); ++i) {
+      TD_RETURN_IF_ERROR(RefuseSameFile(src_files_[i]));
+      TD_RETURN_IF_ERROR(RefuseTargetUnderSource(
+          src_files_[i], image_opts_ ? src_opts_[i].format : src_format_, dst_file_));
+    }
     if (compress_ && dst_format_ != "qcow2") {
       return Status::InvalidArgument("compression (-c) needs -O qcow2");
     }

@@ -27,6 +27,7 @@
 #include "cli/convert_copy.h"
 #include "cli/image_create.h"
 #include "cli/image_opts.h"
+#include "cli/image_summary.h"
 #include "cli/serve_devices.h"
 #include "cli/writeback.h"
 
@@ -147,6 +148,7 @@ class DdCommand final : public Subcommand {
           std::to_string(end));
     }
     TD_RETURN_IF_ERROR(RefuseSameFile(ops));
+    TD_RETURN_IF_ERROR(RefuseTargetUnderSource(ops.input, format, ops.output));
 
     CreatePlan plan;
     plan.format = out_format_;

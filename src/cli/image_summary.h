@@ -60,4 +60,12 @@ Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
 Status RefuseBackingLoop(const std::string& image, const std::string& backing,
                          const std::string& path, const std::string& format);
 
+// Refuses writing `target` while `source` (of `format`, "" to probe) is
+// read, when `target` is a backing file of `source`: the copy would
+// overwrite what it reads (with -U no lock stops it). Headers only, any
+// lock shared; a chain that cannot be read is left to whoever opens it.
+// kInvalidArgument naming the chain.
+Status RefuseTargetUnderSource(const std::string& source, const std::string& format,
+                               const std::string& target);
+
 }  // namespace thindisk::cli

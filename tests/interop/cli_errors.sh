@@ -45,6 +45,7 @@ bad() {
 
 # create
 bad "create: bad size suffix" out.qcow2 create -f qcow2 out.qcow2 10Q
+bad "create: size past 2^64" out.qcow2 create -f qcow2 out.qcow2 16E
 bad "create: negative size" out.qcow2 create -f qcow2 out.qcow2 -- -1G
 bad "create: missing size" out.qcow2 create -f qcow2 out.qcow2
 bad "create: bad -o key" out.qcow2 create -f qcow2 -o no_such_key=1 out.qcow2 1G
@@ -70,6 +71,15 @@ bad "amend: backing_file a clone of itself" - \
   amend -o backing_file=clone.qcow2,backing_fmt=qcow2 src.qcow2
 bad "convert -B: the target as its own backing file" - \
   convert -O qcow2 -B src.qcow2 -F qcow2 clone.qcow2 src.qcow2
+
+# Copying onto the source's own backing file would destroy what the copy
+# reads; with -U no lock stands in the way (qemu-img's lock error was all
+# that did before, and with -U the base was truncated and lost).
+bad "convert -U: onto the source's backing file" - convert -U -O qcow2 clone.qcow2 src.qcow2
+bad "convert -U -n: into the source's backing file" - convert -U -n -O qcow2 clone.qcow2 src.qcow2
+bad "convert: onto the source's backing file, by another name" - \
+  convert -O raw clone.qcow2 ./src.qcow2
+bad "dd -U: onto the input's backing file" - dd -U -O qcow2 if=clone.qcow2 of=src.qcow2
 
 # info
 bad "info: missing file" - info missing.qcow2
