@@ -50,6 +50,16 @@ TEST(ParseSizeTest, RefusesJunkNegativeAndOverflow) {
   }
 }
 
+TEST(ParseSizeTest, SaysWhenASizeIsTooLarge) {
+  for (const char* big : {"16E", "100E", "99999999999999999999", "16384P"}) {
+    auto r = ParseSize(big);
+    ASSERT_FALSE(r.has_value()) << "'" << big << "' parsed";
+    EXPECT_EQ(r.error().message(), std::string("size '") + big +
+                                       "' is too large (the largest is 16 EiB - 1 byte)");
+  }
+  EXPECT_EQ(ParseSize("15E").value(), 15ull << 60);
+}
+
 TEST(ParseOptionStringTest, SplitsKeysAndValues) {
   auto o = ParseOptionString("cluster_size=64k,extended_l2=off,lazy_refcounts");
   ASSERT_TRUE(o.has_value());

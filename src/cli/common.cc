@@ -62,12 +62,16 @@ Result<uint64_t> ParseSize(std::string_view text) {
         "invalid size '{}': use a number of bytes with an optional k, M, G, T, P or E suffix",
         text));
   };
+  auto too_large = [&]() {
+    return Status::InvalidArgument(
+        fmt::format("size '{}' is too large (the largest is 16 EiB - 1 byte)", text));
+  };
   size_t i = 0;
   uint64_t whole = 0;
   size_t whole_digits = 0;
   while (i < text.size() && text[i] >= '0' && text[i] <= '9') {
     unsigned digit = static_cast<unsigned>(text[i] - '0');
-    if (whole > (std::numeric_limits<uint64_t>::max() - digit) / 10) return invalid();
+    if (whole > (std::numeric_limits<uint64_t>::max() - digit) / 10) return too_large();
     whole = whole * 10 + digit;
     ++i;
     ++whole_digits;
@@ -97,7 +101,8 @@ Result<uint64_t> ParseSize(std::string_view text) {
   if (i != text.size()) return invalid();
   // A fraction of a byte means nothing; qemu refuses it too.
   if (!fraction.empty() && shift == 0) return invalid();
-  if (shift > 0 && whole > (std::numeric_limits<uint64_t>::max() >> shift)) return invalid();
+  if (shift > 0 && whole > (std::numeric_limits<uint64_t>::max() >> shift))
+    return too_large();
   uint64_t value = whole << shift;
   if (!fraction.empty()) {
     // fraction * 2^shift, truncated to whole bytes; at most 18 digits are
@@ -108,7 +113,7 @@ Result<uint64_t> ParseSize(std::string_view text) {
     for (size_t d = 0; d < digits.size(); ++d) den *= 10;
     long double part = static_cast<long double>(num) / den * std::ldexp(1.0L, shift);
     uint64_t extra = static_cast<uint64_t>(part);
-    if (value > std::numeric_limits<uint64_t>::max() - extra) return invalid();
+    if (value > std::numeric_limits<uint64_t>::max() - extra) return too_large();
     value += extra;
   }
   return value;

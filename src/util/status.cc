@@ -47,6 +47,9 @@ Status Status::WithContext(std::string_view what) const {
   if (ok()) return *this;
   std::string m(what);
   m += ": ";
+  // Said once: a message that already begins with the context (a file's
+  // own errors name the file) keeps it.
+  if (std::string_view(message_).starts_with(m)) return *this;
   m += message_;
   return Status(code_, std::move(m), errno_);
 }

@@ -58,6 +58,7 @@ class [[nodiscard]] Status {
 
   // "what: message" with the same code and errno, for adding context while
   // an error travels up ("image.qcow2: L2 table at 0x... is not aligned").
+  // A message that begins with "what: " already is returned as it is.
   Status WithContext(std::string_view what) const;
 
   // "CodeName: message" for logs; users see message() alone.

@@ -36,6 +36,15 @@ TEST(StatusTest, ContextPrefixesMessageAndKeepsCode) {
   EXPECT_TRUE(Status::Ok().WithContext("x").ok());
 }
 
+TEST(StatusTest, ContextIsNotRepeated) {
+  Status s = Status::FromErrno(EFBIG, "big.raw: ftruncate").WithContext("big.raw");
+  EXPECT_EQ(s.message(), "big.raw: ftruncate: File too large");
+  EXPECT_EQ(s.error_number(), EFBIG);
+  // Only a whole leading context counts.
+  EXPECT_EQ(Status::Corrupt("big.raw.tmp: bad").WithContext("big.raw").message(),
+            "big.raw: big.raw.tmp: bad");
+}
+
 TEST(ResultTest, PropagatesValuesAndErrors) {
   EXPECT_EQ(*Quarter(8), 2);
   Result<int> r = Quarter(6);
