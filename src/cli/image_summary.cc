@@ -166,18 +166,27 @@ Status RefuseBackingLoop(const std::string& image, const std::string& backing,
   return Status::Ok();
 }
 
+std::optional<std::string> ChainHolding(const std::string& source,
+                                        const std::string& format,
+                                        const std::string& target) {
+  auto chain = ReadBackingChain(source, format, /*force_share=*/true);
+  if (!chain.has_value()) return std::nullopt;
+  std::string names = source;
+  bool holds = false;
+  for (size_t i = 1; i < chain->size(); ++i) {
+    names += " -> " + (*chain)[i].filename;
+    holds = holds || SameImage((*chain)[i].filename, target) != nullptr;
+  }
+  if (!holds) return std::nullopt;
+  return names;
+}
+
 Status RefuseTargetUnderSource(const std::string& source, const std::string& format,
                                const std::string& target) {
-  auto chain = ReadBackingChain(source, format, /*force_share=*/true);
-  if (!chain.has_value()) return Status::Ok();
-  std::string names = source;
-  for (size_t i = 1; i < chain->size(); ++i) names += " -> " + (*chain)[i].filename;
-  for (size_t i = 1; i < chain->size(); ++i) {
-    if (SameImage((*chain)[i].filename, target) != nullptr) {
-      return Status::InvalidArgument(target + " is a backing file of " + source + " (" +
-                                     names +
-                                     "): writing it would change what the copy reads");
-    }
+  if (std::optional<std::string> chain = ChainHolding(source, format, target)) {
+    return Status::InvalidArgument(target + " is a backing file of " + source + " (" +
+                                   *chain +
+                                   "): writing it would change what the copy reads");
   }
   return Status::Ok();
 }

@@ -25,6 +25,7 @@
 #include "block/open.h"
 #include "cli/common.h"
 #include "cli/image_create.h"
+#include "cli/image_summary.h"
 #include "cli/serve_control.h"
 #include "cli/serve_fork.h"
 #include "cli/serve_open.h"
@@ -216,6 +217,18 @@ class ServeCommand final : public Subcommand {
               "' serve one image (" + specs[j].file + ", " + specs[i].file +
               "): an image written through one export cannot be served by another (serve "
               "them read-only with -r, or with -s)");
+        }
+      }
+      // Nor may an export write another's backing file: the other's
+      // guest would see its disk change under it.
+      for (size_t j = 0; writes && j < specs.size(); ++j) {
+        if (j == i) continue;
+        if (auto chain = ChainHolding(specs[j].file, specs[j].settings.open.format,
+                                      specs[i].file)) {
+          return Status::InvalidArgument(
+              "export '" + specs[i].name + "' (" + specs[i].file +
+              ") is a backing file of export '" + specs[j].name + "' (" + *chain +
+              "): serve it read-only with -r, or with -s");
         }
       }
     }

@@ -203,4 +203,19 @@ serve_unix two two.sock -r --export a=disk.qcow2 --export b=link.qcow2
 run_ok "two read-only exports of one image" qemu-io -r -f raw \
   "nbd+unix:///b?socket=$TMP/two.sock" -c 'read -P 0x5a 0 1M'
 stop_server "$SERVER_PID" two
+# Nor an export that writes another's backing file (qemu-img's overlay):
+# that guest's disk would change under it. The base is left as it was.
+qemu-img create -q -f qcow2 -b disk.qcow2 -F qcow2 over.qcow2
+sum=$(sha256sum disk.qcow2)
+rc=0
+timeout 10 "$TD" serve -k "$TMP/never.sock" --export top=over.qcow2 --export base=disk.qcow2 \
+  >err.out 2>&1 || rc=$?
+expect_eq "exit status of exporting an overlay and its writable base" "$rc" 1
+grep -q "export 'base' (disk.qcow2) is a backing file of export 'top'" err.out ||
+  fail "an overlay and its writable base: $(cat err.out)"
+expect_eq "the base after the refusal" "$(sha256sum disk.qcow2)" "$sum"
+serve_unix chain chain.sock -r --export base=disk.qcow2 --export top=over.qcow2
+run_ok "a read-only base beside its overlay" qemu-io -r -f raw \
+  "nbd+unix:///top?socket=$TMP/chain.sock" -c 'read -P 0x5a 0 1M'
+stop_server "$SERVER_PID" chain
 log "options: ok"
