@@ -9,6 +9,7 @@
 
 #include "block/open.h"
 #include "cli/image_create.h"
+#include "nbdclient/nbd_uri.h"
 #include "qcow2/bitmaps.h"
 #include "vhd/vhd_image.h"
 
@@ -145,6 +146,30 @@ Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
   }
 }
 
+std::vector<std::string> BackingNamesBelow(const std::string& filename,
+                                           const std::string& format) {
+  std::vector<std::string> names;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  std::set<std::string> seen_uris;
+  std::string name = filename;
+  std::string fmt = format;
+  for (size_t depth = 0; depth <= block::kDefaultMaxChainDepth; ++depth) {
+    struct stat st {};
+    const bool uri = block::IsUriName(name);
+    if (!uri && ::stat(name.c_str(), &st) != 0) break;
+    if (uri ? !seen_uris.insert(name).second
+            : !seen.insert({st.st_dev, st.st_ino}).second)
+      break;  // a loop: named once
+    if (depth > 0) names.push_back(name);
+    if (nbdclient::IsNbdUri(name)) break;
+    auto s = ReadImageSummary(name, fmt, /*force_share=*/true);
+    if (!s.has_value() || s->full_backing_filename.empty()) break;
+    name = s->full_backing_filename;
+    fmt = s->header ? s->header->backing_format : "";
+  }
+  return names;
+}
+
 Status RefuseBackingLoop(const std::string& image, const std::string& backing,
                          const std::string& path, const std::string& format) {
   if (SameImage(path, image) != nullptr) {
@@ -152,16 +177,15 @@ Status RefuseBackingLoop(const std::string& image, const std::string& backing,
                                    ") is the image itself");
   }
   if (format.empty()) return Status::Ok();
-  // Headers only, sharing any lock (the caller may hold the image's).
-  auto chain = ReadBackingChain(path, format, /*force_share=*/true);
-  if (!chain.has_value()) return Status::Ok();
-  std::string names = image;
-  for (const ImageSummary& s : *chain) names += " -> " + s.filename;
-  for (const ImageSummary& s : *chain) {
-    if (SameImage(s.filename, image) != nullptr) {
-      return Status::InvalidArgument(image + " would be in its own backing chain (" +
-                                     names + "): a backing file loop");
-    }
+  std::string names = image + " -> " + path;
+  bool loops = false;
+  for (const std::string& below : BackingNamesBelow(path, format)) {
+    names += " -> " + below;
+    loops = loops || SameImage(below, image) != nullptr;
+  }
+  if (loops) {
+    return Status::InvalidArgument(image + " would be in its own backing chain (" +
+                                   names + "): a backing file loop");
   }
   return Status::Ok();
 }
@@ -169,13 +193,11 @@ Status RefuseBackingLoop(const std::string& image, const std::string& backing,
 std::optional<std::string> ChainHolding(const std::string& source,
                                         const std::string& format,
                                         const std::string& target) {
-  auto chain = ReadBackingChain(source, format, /*force_share=*/true);
-  if (!chain.has_value()) return std::nullopt;
   std::string names = source;
   bool holds = false;
-  for (size_t i = 1; i < chain->size(); ++i) {
-    names += " -> " + (*chain)[i].filename;
-    holds = holds || SameImage((*chain)[i].filename, target) != nullptr;
+  for (const std::string& below : BackingNamesBelow(source, format)) {
+    names += " -> " + below;
+    holds = holds || SameImage(below, target) != nullptr;
   }
   if (!holds) return std::nullopt;
   return names;

@@ -52,6 +52,14 @@ Result<std::vector<ImageSummary>> ReadBackingChain(const std::string& filename,
                                                    const std::string& format,
                                                    bool force_share = false);
 
+// The backing files below `filename` (of `format`, "" to probe) as they
+// resolve, top first, from headers read with any lock shared. An NBD
+// export ends the list unread: its server may take one client at a time,
+// and the caller's own open may be that client. A loop ends it too (its
+// image named once), as does a header that cannot be read.
+std::vector<std::string> BackingNamesBelow(const std::string& filename,
+                                           const std::string& format);
+
 // Refuses giving `image` the backing file `backing` (as stored; `path` is
 // where it resolves) when that makes a loop: `path` is `image` itself, or,
 // with `format` given, `image` lies further down the chain below `path`

@@ -201,6 +201,16 @@ assert_same_bytes clone-ref.raw clone-copy.raw "the clone served by thindisk ove
 kill -TERM "$SERVER_PID"
 wait "$SERVER_PID" 2>/dev/null || true
 forget_server "$SERVER_PID"
+# Copies of the clone: qemu-nbd serves one client at a time, and the
+# copy's own open is that client, so nothing before the copy may wait for a
+# second connection (the check that the destination is not in the source's
+# chain once did, and hung).
+capture timeout 60 "$TD" convert -O qcow2 clone.qcow2 clone-copy.qcow2
+((RC == 0)) || fail "convert of a clone over an NBD base: exit $RC, $(cat "$ERR")"
+ok "$QEMU_IMG" compare -f raw -F qcow2 clone-ref.raw clone-copy.qcow2
+capture timeout 60 "$TD" dd -O raw if=clone.qcow2 of=clone-dd.raw bs=1M count=4
+((RC == 0)) || fail "dd of a clone over an NBD base: exit $RC, $(cat "$ERR")"
+cmp -n $((4 << 20)) clone-ref.raw clone-dd.raw || fail "dd of a clone over an NBD base differs"
 # The base is read-only: thindisk io says so, naming the export.
 td_fails "read-only" "write to a read-only export" io -c "write 0 4k" "$(uri base.sock)"
 grep -qF "$(uri base.sock)" "$ERR" || fail "read-only error does not name the URI: $(cat "$ERR")"
