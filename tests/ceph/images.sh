@@ -107,7 +107,11 @@ td create -u -f qcow2 -b "$TAG-loop2" -F qcow2 "$(img loop)" 1M
 td create -u -f qcow2 -b "$TAG-loop" -F qcow2 "$(img loop2)" 1M
 td_fails "backing file loop" "an image in the pool whose chain comes back to it" \
   io -c "read 0 512" "$(img loop)"
-td rm -q "$(img loop)"
+# Each names the other as backing file: rm refuses either, naming the
+# other, until --force.
+td_fails "$TAG-loop is the backing file of rados://$POOL/$TAG-loop2: remove or rebase it first" \
+  "rm of an image another uses as backing file" rm "$(img loop)"
+td rm -q --force "$(img loop)"
 td rm -q "$(img loop2)"
 # A local clone over the base in the pool.
 td create -f qcow2 -b "$(img base)" -F qcow2 local-clone.qcow2
@@ -182,9 +186,16 @@ td ls --output=json "rados://$POOL"
 assert_eq 1048576 "$(jq --arg n "$TAG-small" '.[] | select(.name == $n) | ."object-size"' "$OUT")" \
   "object size of an image made with -o object_size=1M"
 
-td rm "$(img base2)" "$(img big)" "$(img raw)" "$(img rawcopy)" "$(img small)"
+# The clone's base stays while the clone does (as rbd rm refuses an image
+# with clones); the others go.
+capture "$TD" rm "$(img base2)" "$(img big)" "$(img raw)" "$(img rawcopy)" "$(img small)"
+((RC == 1)) || fail "rm of a clone's base with others: exit $RC"
+grep -q "$TAG-base2 is the backing file of rados://$POOL/$TAG-clone" "$ERR" ||
+  fail "rm of a clone's base said: $(cat "$ERR")"
 grep -q "Removed rados://$POOL/$TAG-big" "$OUT" || fail "rm printed: $(cat "$OUT")"
-for name in base2 big raw rawcopy small; do
+[[ -n $(objects base2) ]] || fail "rm removed the base of a clone"
+td compare "$(img clone)" expect.qcow2
+for name in big raw rawcopy small; do
   assert_eq "" "$(objects "$name")" "objects left by rm of $name"
 done
 td_fails "no such image" "rm of a missing image" rm "$(img big)"
@@ -199,10 +210,11 @@ steps=$(tr '\r' '\n' <"$ERR" | grep -oE '\([0-9]+\.[0-9]{2}/100%\)' | tr '\n' ' 
   fail "rm -p drew: '$steps' ($(cat "$ERR"))"
 grep -q "Removed rados://$POOL/$TAG-prog" "$OUT" || fail "rm -p printed: $(cat "$OUT")"
 assert_eq "" "$(objects prog)" "objects left by rm -p"
-# A clone's base can be removed (rm never follows chains); the clone then
-# fails to open, naming what is missing.
-td rm "$(img clone)" "$(img base)"
-assert_eq "" "$(objects clone)$(objects base)" "objects left by rm of the chain"
+# The clone first, then its base; a base that only a local file uses can
+# be removed (rm looks in the pool alone), and that clone then fails to
+# open, naming what is missing.
+td rm "$(img clone)" "$(img base2)" "$(img base)"
+assert_eq "" "$(objects clone)$(objects base2)$(objects base)" "objects left by rm of the chain"
 td_fails "no such image" "a local clone over a removed base" info --backing-chain local-clone.qcow2
 
 # rm of local files: refused while in use, like a writer would be.
