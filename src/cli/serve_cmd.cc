@@ -185,10 +185,6 @@ class ServeCommand final : public Subcommand {
     if (list_) return List();
 
     // 1. Everything that can be checked without I/O, before any fork.
-    struct Spec {
-      std::string name, file, description;
-      ExportSettings settings;
-    };
     TD_ASSIGN_OR_RETURN(ExportSettings base, Settings());
     std::vector<Spec> specs;
     if (!image_.empty()) specs.push_back({image_name_, image_, description_, base});
@@ -202,36 +198,7 @@ class ServeCommand final : public Subcommand {
     if (image_opts_) {
       for (Spec& s : specs) TD_RETURN_IF_ERROR(ApplyImageOpts(s.file, s.settings));
     }
-    // One image under two exports: its write lock would refuse the second
-    // as "in use by another process"; say which exports instead.
-    for (size_t i = 0; i < specs.size(); ++i) {
-      const bool writes =
-          !specs[i].settings.open.read_only && !specs[i].settings.temp_overlay;
-      for (size_t j = 0; j < i; ++j) {
-        const bool other_writes =
-            !specs[j].settings.open.read_only && !specs[j].settings.temp_overlay;
-        if ((writes || other_writes) &&
-            SameImage(specs[j].file, specs[i].file) != nullptr) {
-          return Status::InvalidArgument(
-              "exports '" + specs[j].name + "' and '" + specs[i].name +
-              "' serve one image (" + specs[j].file + ", " + specs[i].file +
-              "): an image written through one export cannot be served by another (serve "
-              "them read-only with -r, or with -s)");
-        }
-      }
-      // Nor may an export write another's backing file: the other's
-      // guest would see its disk change under it.
-      for (size_t j = 0; writes && j < specs.size(); ++j) {
-        if (j == i) continue;
-        if (auto chain = ChainHolding(specs[j].file, specs[j].settings.open.format,
-                                      specs[i].file)) {
-          return Status::InvalidArgument(
-              "export '" + specs[i].name + "' (" + specs[i].file +
-              ") is a backing file of export '" + specs[j].name + "' (" + *chain +
-              "): serve it read-only with -r, or with -s");
-        }
-      }
-    }
+    TD_RETURN_IF_ERROR(RefuseSharedImages(specs));
     TD_RETURN_IF_ERROR(CheckListenOptions());
     TD_ASSIGN_OR_RETURN(tls_, tls_options_.Build());
 
@@ -403,6 +370,58 @@ class ServeCommand final : public Subcommand {
     TD_RETURN_IF_ERROR(CheckFilterOptions(s.filter));
     s.offset += o.offset;
     s.size = o.size;
+    return Status::Ok();
+  }
+
+  // One export as the command line gives it.
+  struct Spec {
+    std::string name, file, description;
+    ExportSettings settings;
+  };
+
+  // What the image locks cannot see between one process's own opens:
+  // one image under two exports, one of them writing it, or an export
+  // writing another's backing file (that guest's disk would change under
+  // it). Each export's chain is read once, headers only.
+  static Status RefuseSharedImages(const std::vector<Spec>& specs) {
+    auto writes = [&](size_t i) {
+      return !specs[i].settings.open.read_only && !specs[i].settings.temp_overlay;
+    };
+    for (size_t i = 0; i < specs.size(); ++i) {
+      for (size_t j = 0; j < i; ++j) {
+        if ((writes(i) || writes(j)) &&
+            SameImage(specs[j].file, specs[i].file) != nullptr) {
+          return Status::InvalidArgument(
+              "exports '" + specs[j].name + "' and '" + specs[i].name +
+              "' serve one image (" + specs[j].file + ", " + specs[i].file +
+              "): an image written through one export cannot be served by another (serve "
+              "them read-only with -r, or with -s)");
+        }
+      }
+    }
+    bool any_writes = false;
+    for (size_t i = 0; i < specs.size(); ++i) any_writes = any_writes || writes(i);
+    if (!any_writes || specs.size() < 2) return Status::Ok();
+    std::vector<std::vector<std::string>> below;
+    for (const Spec& s : specs)
+      below.push_back(BackingNamesBelow(s.file, s.settings.open.format));
+    for (size_t i = 0; i < specs.size(); ++i) {
+      for (size_t j = 0; writes(i) && j < specs.size(); ++j) {
+        if (j == i) continue;
+        std::string chain = specs[j].file;
+        bool holds = false;
+        for (const std::string& name : below[j]) {
+          chain += " -> " + name;
+          holds = holds || SameImage(name, specs[i].file) != nullptr;
+        }
+        if (holds) {
+          return Status::InvalidArgument(
+              "export '" + specs[i].name + "' (" + specs[i].file +
+              ") is a backing file of export '" + specs[j].name + "' (" + chain +
+              "): serve it read-only with -r, or with -s");
+        }
+      }
+    }
     return Status::Ok();
   }
 
