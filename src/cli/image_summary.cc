@@ -170,6 +170,19 @@ std::vector<std::string> BackingNamesBelow(const std::string& filename,
   return names;
 }
 
+std::optional<std::string> ChainHolding(const std::string& top,
+                                        const std::vector<std::string>& below,
+                                        const std::string& target) {
+  std::string chain = top;
+  bool holds = false;
+  for (const std::string& name : below) {
+    chain += " -> " + name;
+    holds = holds || SameImage(name, target) != nullptr;
+  }
+  if (!holds) return std::nullopt;
+  return chain;
+}
+
 Status RefuseBackingLoop(const std::string& image, const std::string& backing,
                          const std::string& path, const std::string& format) {
   if (SameImage(path, image) != nullptr) {
@@ -177,35 +190,16 @@ Status RefuseBackingLoop(const std::string& image, const std::string& backing,
                                    ") is the image itself");
   }
   if (format.empty()) return Status::Ok();
-  std::string names = image + " -> " + path;
-  bool loops = false;
-  for (const std::string& below : BackingNamesBelow(path, format)) {
-    names += " -> " + below;
-    loops = loops || SameImage(below, image) != nullptr;
-  }
-  if (loops) {
+  if (auto chain = ChainHolding(path, BackingNamesBelow(path, format), image)) {
     return Status::InvalidArgument(image + " would be in its own backing chain (" +
-                                   names + "): a backing file loop");
+                                   image + " -> " + *chain + "): a backing file loop");
   }
   return Status::Ok();
 }
 
-std::optional<std::string> ChainHolding(const std::string& source,
-                                        const std::string& format,
-                                        const std::string& target) {
-  std::string names = source;
-  bool holds = false;
-  for (const std::string& below : BackingNamesBelow(source, format)) {
-    names += " -> " + below;
-    holds = holds || SameImage(below, target) != nullptr;
-  }
-  if (!holds) return std::nullopt;
-  return names;
-}
-
 Status RefuseTargetUnderSource(const std::string& source, const std::string& format,
                                const std::string& target) {
-  if (std::optional<std::string> chain = ChainHolding(source, format, target)) {
+  if (auto chain = ChainHolding(source, BackingNamesBelow(source, format), target)) {
     return Status::InvalidArgument(target + " is a backing file of " + source + " (" +
                                    *chain +
                                    "): writing it would change what the copy reads");

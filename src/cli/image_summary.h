@@ -76,11 +76,11 @@ Status RefuseBackingLoop(const std::string& image, const std::string& backing,
 Status RefuseTargetUnderSource(const std::string& source, const std::string& format,
                                const std::string& target);
 
-// The chain of `source` as "a -> b -> c" when `target` is one of its
-// backing files (below `source` itself), else nullopt; a chain that cannot
-// be read counts as none. Headers only, any lock shared.
-std::optional<std::string> ChainHolding(const std::string& source,
-                                        const std::string& format,
+// `top` and the backing files `below` it (as BackingNamesBelow gives
+// them) as "top -> b -> c" when `target` is one of those below, else
+// nullopt. No I/O but stat().
+std::optional<std::string> ChainHolding(const std::string& top,
+                                        const std::vector<std::string>& below,
                                         const std::string& target);
 
 }  // namespace thindisk::cli

@@ -100,7 +100,6 @@ class RmCommand final : public Subcommand {
     // "rados://POOL" with the image's query (where to connect).
     const std::string pool_uri =
         name.PoolUri() + name.Uri().substr(name.ToString().size());
-    io::RadosName pool = name;
     // One connection for the listing and every probe below.
     TD_ASSIGN_OR_RETURN(std::shared_ptr<void> connection,
                         io::ceph_module::HoldCluster(pool_uri));
@@ -109,7 +108,7 @@ class RmCommand final : public Subcommand {
     std::vector<std::string> users;
     for (const io::RadosImageEntry& e : entries) {
       if (e.name == name.image) continue;
-      io::RadosName other = pool;
+      io::RadosName other = name;  // the same cluster and client
       other.image = e.name;
       auto summary = ReadImageSummary(other.Uri(), "", /*force_share=*/true);
       if (!summary || summary->full_backing_filename.empty()) continue;

@@ -408,16 +408,10 @@ class ServeCommand final : public Subcommand {
     for (size_t i = 0; i < specs.size(); ++i) {
       for (size_t j = 0; writes(i) && j < specs.size(); ++j) {
         if (j == i) continue;
-        std::string chain = specs[j].file;
-        bool holds = false;
-        for (const std::string& name : below[j]) {
-          chain += " -> " + name;
-          holds = holds || SameImage(name, specs[i].file) != nullptr;
-        }
-        if (holds) {
+        if (auto chain = ChainHolding(specs[j].file, below[j], specs[i].file)) {
           return Status::InvalidArgument(
               "export '" + specs[i].name + "' (" + specs[i].file +
-              ") is a backing file of export '" + specs[j].name + "' (" + chain +
+              ") is a backing file of export '" + specs[j].name + "' (" + *chain +
               "): serve it read-only with -r, or with -s");
         }
       }
