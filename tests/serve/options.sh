@@ -180,25 +180,27 @@ for mode in off on unmap; do
 done
 
 log "command-line errors"
+# serve_refused WHAT PATTERN ARGS...: `thindisk serve ARGS` exits 1 within
+# 10 s, saying something that matches PATTERN.
+serve_refused() {
+  local what=$1 pattern=$2 rc=0
+  shift 2
+  timeout 10 "$TD" serve -k "$TMP/never.sock" "$@" >err.out 2>&1 || rc=$?
+  expect_eq "exit status of $what" "$rc" 1
+  grep -q -- "$pattern" err.out || fail "$what: $(cat err.out)"
+}
 for bad in "" "--export noequals" "--stdio -k x.sock disk.qcow2" "nosuch.qcow2" \
     "--cache=bogus disk.qcow2" "--cache-size junk disk.qcow2" "--port 70000 disk.qcow2" \
     "--busy-poll -1 disk.qcow2" "--busy-poll 20000 disk.qcow2" "--busy-poll x disk.qcow2" \
     "--prefetch maybe disk.qcow2"; do
-  rc=0
   # shellcheck disable=SC2086
-  timeout 10 "$TD" serve -k "$TMP/never.sock" $bad >err.out 2>&1 || rc=$?
-  expect_eq "exit status of 'serve $bad'" "$rc" 1
-  grep -q "thindisk" err.out || fail "no message for 'serve $bad'"
+  serve_refused "'serve $bad'" thindisk $bad
 done
 # One image written through two exports (the second name a link to it):
 # refused naming both exports; read-only, both may serve it.
 ln -s disk.qcow2 link.qcow2
-rc=0
-timeout 10 "$TD" serve -k "$TMP/never.sock" --export a=disk.qcow2 --export b=link.qcow2 \
-  >err.out 2>&1 || rc=$?
-expect_eq "exit status of two writable exports of one image" "$rc" 1
-grep -q "exports 'a' and 'b' serve one image" err.out ||
-  fail "two writable exports of one image: $(cat err.out)"
+serve_refused "two writable exports of one image" "exports 'a' and 'b' serve one image" \
+  --export a=disk.qcow2 --export b=link.qcow2
 serve_unix two two.sock -r --export a=disk.qcow2 --export b=link.qcow2
 run_ok "two read-only exports of one image" qemu-io -r -f raw \
   "nbd+unix:///b?socket=$TMP/two.sock" -c 'read -P 0x5a 0 1M'
@@ -207,12 +209,9 @@ stop_server "$SERVER_PID" two
 # that guest's disk would change under it. The base is left as it was.
 qemu-img create -q -f qcow2 -b disk.qcow2 -F qcow2 over.qcow2
 sum=$(sha256sum disk.qcow2)
-rc=0
-timeout 10 "$TD" serve -k "$TMP/never.sock" --export top=over.qcow2 --export base=disk.qcow2 \
-  >err.out 2>&1 || rc=$?
-expect_eq "exit status of exporting an overlay and its writable base" "$rc" 1
-grep -q "export 'base' (disk.qcow2) is a backing file of export 'top'" err.out ||
-  fail "an overlay and its writable base: $(cat err.out)"
+serve_refused "an overlay and its writable base" \
+  "export 'base' (disk.qcow2) is a backing file of export 'top'" \
+  --export top=over.qcow2 --export base=disk.qcow2
 expect_eq "the base after the refusal" "$(sha256sum disk.qcow2)" "$sum"
 serve_unix chain chain.sock -r --export base=disk.qcow2 --export top=over.qcow2
 run_ok "a read-only base beside its overlay" qemu-io -r -f raw \
